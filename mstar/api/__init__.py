@@ -1,0 +1,1 @@
+"""HTTP only: routes, schemas, limits, media encoding. No model logic."""

@@ -1,0 +1,1 @@
+"""Serving benchmark client, per-step profiler, diffusers baseline runner."""

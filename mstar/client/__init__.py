@@ -1,0 +1,1 @@
+"""Python SDK over HTTP (httpx)."""

@@ -1,0 +1,114 @@
+"""One validated schema for the YAML config and the CLI flags; echoed at start."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
+SIZE_PATTERN = re.compile(r"^\d+x\d+(x\d+)?$")
+
+
+class NodeGroup(BaseModel):
+    """Nodes placed on one worker process, on one device."""
+
+    model_config = ConfigDict(extra="forbid")
+    device: str = "cpu"
+    nodes: list[str]
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not DEVICE_PATTERN.match(value):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got '{value}'")
+        return value
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "tiny-digits"
+    model_path: str | None = None
+    random_weights: bool = False
+    device: str = "cpu"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = None
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+
+    # Placement: empty means one worker holding every node on `device`.
+    node_groups: list[NodeGroup] = []
+    transport: Literal["ipc", "tcp"] = "ipc"
+
+    max_concurrent_requests: int = Field(16, ge=1)
+    max_queue_size: int = Field(64, ge=0)
+    request_timeout_s: float = Field(1800.0, gt=0)
+    job_ttl_s: float = Field(3600.0, gt=0)
+    worker_restart: bool = True
+
+    attention_backend: Literal["auto", "fa3", "flashinfer", "torch"] = "auto"
+    flashinfer_backend: Literal["auto", "fa2", "fa3", "cudnn", "cutlass"] = "auto"
+    workspace_mb: int = Field(512, ge=1)
+
+    compile_mode: Literal["deterministic", "default", "max-autotune", "off"] = "deterministic"
+    compile_sizes: list[str] = []
+    warmup: bool = True
+    max_tokens_per_step: int = Field(131072, ge=1)
+    max_batch_size: int = Field(8, ge=1)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not DEVICE_PATTERN.match(value):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got '{value}'")
+        return value
+
+    @field_validator("compile_sizes")
+    @classmethod
+    def _check_sizes(cls, sizes: list[str]) -> list[str]:
+        for size in sizes:
+            if not SIZE_PATTERN.match(size):
+                raise ValueError(f"compile_sizes entries are 'WxH' or 'WxHxFRAMES', got '{size}'")
+        return sizes
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> ServerConfig:
+        seen: set[str] = set()
+        for index, group in enumerate(self.node_groups):
+            for node in group.nodes:
+                if node in seen:
+                    raise ValueError(f"node_groups[{index}]: node '{node}' is placed twice")
+                seen.add(node)
+        return self
+
+    def placement(self, node_names: tuple[str, ...]) -> list[NodeGroup]:
+        """Worker groups covering every node of the model; errors name the bad node."""
+        if not self.node_groups:
+            return [NodeGroup(device=self.device, nodes=list(node_names))]
+        placed = {n for g in self.node_groups for n in g.nodes}
+        unknown = placed - set(node_names)
+        if unknown:
+            raise ValueError(f"node_groups: unknown node(s) {sorted(unknown)}; model has {list(node_names)}")
+        missing = [n for n in node_names if n not in placed]
+        if missing:
+            raise ValueError(f"node_groups: node(s) {missing} are not placed on any worker")
+        return self.node_groups
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> ServerConfig:
+    """Read the YAML (if any), apply non-None overrides (CLI flags win), validate."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the config must be a mapping of keys to values")
+        data.update(loaded)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return ServerConfig(**data)

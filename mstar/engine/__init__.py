@@ -1,0 +1,1 @@
+"""What runs a node fast: attention resources, plan cache, workspace, compile modes, warmup."""

@@ -1,0 +1,1 @@
+"""Ragged attention over packed segments: backends, plan cache, shared workspace."""

@@ -1,0 +1,30 @@
+"""Errors every layer may raise; the API maps them to HTTP statuses."""
+
+
+class InvalidParam(ValueError):
+    """A user-supplied field is wrong. Becomes HTTP 400 with `param` naming the field."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = message
+
+
+class UnknownModel(LookupError):
+    """The requested model is not served here. Becomes HTTP 404."""
+
+    def __init__(self, name: str):
+        super().__init__(f"model '{name}' is not served here")
+        self.name = name
+
+
+class Overloaded(RuntimeError):
+    """The waiting queue is full. Becomes HTTP 429 with Retry-After."""
+
+    def __init__(self, retry_after_s: float = 1.0):
+        super().__init__("server is at capacity, retry later")
+        self.retry_after_s = retry_after_s
+
+
+class RequestFailed(RuntimeError):
+    """A request failed inside the runtime. The client sees a generic message; the log has details."""

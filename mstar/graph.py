@@ -1,0 +1,161 @@
+"""The vocabulary every layer shares: walks, request state, the node and model contracts.
+
+Plain Python, no torch: the API process imports model specs from here without loading weights.
+A model declares named walks; a walk is a sequence of stages; a stage is a node name, a
+`Loop(node)` (the node runs once per step until its stop rule fires for that request) or a
+`Parallel(nodes)`. The runtime executes walks; models never import the runtime.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Loop:
+    """Run `node` once per step for a request until `node.check_stop(request)` is true."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Run every node on the request; the stage ends when all of them are done."""
+
+    nodes: tuple[str, ...]
+
+
+Stage = str | Loop | Parallel
+
+
+def stage_nodes(stage: Stage) -> tuple[str, ...]:
+    if isinstance(stage, str):
+        return (stage,)
+    if isinstance(stage, Loop):
+        return (stage.node,)
+    return stage.nodes
+
+
+@dataclass(frozen=True)
+class Walk:
+    """A named sequential path through nodes. `outputs` are the tensors kept when it ends."""
+
+    name: str
+    stages: tuple[Stage, ...]
+    outputs: tuple[str, ...] = ()
+
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(n for stage in self.stages for n in stage_nodes(stage))
+
+
+@dataclass
+class RequestState:
+    """One request as a worker sees it. `tensors` holds its named tensors on this worker;
+    `state` holds per-node scratch (sampler state, step index) keyed by node name. Both are
+    dropped when the request ends for any reason."""
+
+    request_id: str
+    params: dict[str, Any]
+    tensors: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class Node:
+    """One named component with its weights. The worker calls, per step:
+    prepare (once per request on arrival), batch_key (requests sharing a key ride in one
+    forward), forward (on a batch), then check_stop for Loop stages."""
+
+    name: str = ""
+    max_batch_size: int = 1
+
+    def prepare(self, request: RequestState) -> None:
+        """Cheap per-request set-up when the request arrives at this node."""
+
+    def batch_key(self, request: RequestState) -> Hashable:
+        return None
+
+    def step_cost(self, request: RequestState) -> int:
+        """What the request adds to one step (e.g. tokens); capped by max_step_cost."""
+        return 1
+
+    max_step_cost: int | None = None
+
+    def forward(self, batch: list[RequestState]) -> None:
+        raise NotImplementedError
+
+    def check_stop(self, request: RequestState) -> bool:
+        return True
+
+    def progress(self, request: RequestState) -> tuple[int, int] | None:
+        """(steps done, steps total) for progress events, or None."""
+        return None
+
+    def release(self, request: RequestState) -> None:
+        """Drop this node's per-request state (called on finish, failure and abort)."""
+        request.state.pop(self.name, None)
+
+    def warmup(self) -> None:
+        """Compile and exercise configured sizes at boot (optional)."""
+
+
+@dataclass
+class BuildContext:
+    """What a model needs to build its nodes inside a worker process."""
+
+    config: Any  # mstar.config.ServerConfig
+    device: str
+    node_names: tuple[str, ...]
+    model_path: str | None = None
+    random_weights: bool = False
+    progress: Any = None  # callable(str, done, total) for load and warmup bars
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Raw generation fields as users send them (None = use the model default)."""
+
+    prompt: str
+    negative_prompt: str | None = None
+    width: int | None = None
+    height: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
+    seconds: float | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    has_input_reference: bool = False
+
+
+class ModelSpec(ABC):
+    """A model as the runtime and API see it. Light: no torch at import; nodes are built by
+    `build_nodes` inside the worker. `validate` raises mstar.errors.InvalidParam naming the field."""
+
+    name: str
+    task: str  # "text-to-image" | "text-to-video" | "image-to-video"
+    output_kind: str  # "image" | "video"
+    walks: dict[str, Walk]
+    node_names: tuple[str, ...]
+    # The final walk leaves this tensor: uint8 frames [num_frames, height, width, 3].
+    output_tensor: str = "frames"
+
+    @abstractmethod
+    def limits(self) -> dict[str, Any]:
+        """Defaults and limits, shown in /v1/models."""
+
+    @abstractmethod
+    def validate(self, params: GenerationParams) -> dict[str, Any]:
+        """Resolve defaults and check limits; returns JSON-able params for the nodes."""
+
+    @abstractmethod
+    def first_walk(self, params: dict[str, Any]) -> str: ...
+
+    @abstractmethod
+    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+        """The walk after `finished`, or None when the request is done."""
+
+    @abstractmethod
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]: ...

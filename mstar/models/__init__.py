@@ -1,0 +1,1 @@
+"""Model families. Each package's model.py is importable without torch."""

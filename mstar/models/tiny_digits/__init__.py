@@ -1,0 +1,1 @@
+"""The embedded default model: a tiny text-to-image DiT trained on handwritten digits."""
