@@ -100,6 +100,10 @@ class Node:
     def warmup(self) -> None:
         """Compile and exercise configured sizes at boot (optional)."""
 
+    def num_recompiles(self) -> int:
+        """Compiles that happened after warmup (the worker reports increases to /metrics)."""
+        return 0
+
 
 @dataclass
 class BuildContext:
