@@ -1,0 +1,105 @@
+"""Compile modes shared by the DiT layer stack and the VAE decode.
+
+- `deterministic` (default): inductor with kernel choices by rule (no timing-based autotune,
+  `inductor.config.deterministic` where this torch has it), so every server process runs the same
+  kernels and one seed gives one output.
+- `default`: plain torch.compile.
+- `max-autotune`: timing-based kernel selection (no CUDA graphs: pack lengths are dynamic).
+- `off`: the eager path, the readable reference.
+
+Compiles are counted through our own dynamo backend, so a compile after warmup (a recompile in
+traffic) is logged as a warning and reported to /metrics by the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+COMPILE_MODES = ("deterministic", "default", "max-autotune", "off")
+_warned_no_deterministic = False
+
+
+def inductor_options(mode: str) -> dict[str, Any]:
+    """Inductor config patches for a compile mode."""
+    import torch._inductor.config as inductor_config
+
+    if mode == "max-autotune":
+        return {"max_autotune": True, "coordinate_descent_tuning": True, "triton.cudagraphs": False}
+    if mode == "default":
+        return {"triton.cudagraphs": False}
+    options = {
+        "max_autotune": False,
+        "coordinate_descent_tuning": False,
+        "triton.cudagraphs": False,
+        "search_autotune_cache": False,
+    }
+    if hasattr(inductor_config, "deterministic"):
+        options["deterministic"] = True
+    else:
+        _warn_no_deterministic()
+    return options
+
+
+def _warn_no_deterministic() -> None:
+    global _warned_no_deterministic
+    if not _warned_no_deterministic:
+        import torch
+
+        logger.warning(
+            "compile_mode=deterministic: torch %s has no inductor 'deterministic' switch; "
+            "autotuning is off but kernel choice may still vary between processes",
+            torch.__version__,
+        )
+        _warned_no_deterministic = True
+
+
+def effective_mode(mode: str, device: str) -> str:
+    """Compile only where it pays: on CPU the eager path runs (inductor's C++ build is slow)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got '{mode}'")
+    return "off" if not device.startswith("cuda") else mode
+
+
+class CompiledFunction:
+    """A function compiled once with dynamic shapes; counts compiles and flags recompiles.
+
+    Call `finish_warmup()` after the warmup sizes ran: any compile after that is a recompile.
+    """
+
+    def __init__(self, fn: Callable[..., Any], mode: str, name: str, dynamic: bool = True):
+        self.name = name
+        self.mode = mode
+        self.num_compiles = 0
+        self._num_compiles_at_warmup: int | None = None
+        self._eager = fn
+        self._compiled = fn if mode == "off" else self._compile(fn, dynamic)
+
+    def _compile(self, fn: Callable[..., Any], dynamic: bool) -> Callable[..., Any]:
+        import torch
+        from torch._inductor.compile_fx import compile_fx
+
+        options = inductor_options(self.mode)
+
+        def counting_backend(graph_module, example_inputs):
+            self.num_compiles += 1
+            if self._num_compiles_at_warmup is not None:
+                logger.warning("%s: recompiled in traffic (compile #%d)", self.name, self.num_compiles)
+            return compile_fx(graph_module, example_inputs, config_patches=options)
+
+        return torch.compile(fn, backend=counting_backend, dynamic=dynamic)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled(*args, **kwargs)
+
+    def finish_warmup(self) -> None:
+        self._num_compiles_at_warmup = self.num_compiles
+
+    @property
+    def num_recompiles(self) -> int:
+        if self._num_compiles_at_warmup is None:
+            return 0
+        return self.num_compiles - self._num_compiles_at_warmup
