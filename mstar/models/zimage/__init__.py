@@ -1,0 +1,1 @@
+"""Z-Image-Turbo: Qwen3 text encoder, single-stream DiT, Flux-style VAE decoder."""

@@ -1,0 +1,220 @@
+"""The Z-Image single-stream DiT over packed tokens (state-dict keys as diffusers'
+ZImageTransformer2DModel).
+
+Parity note on padding. Diffusers pads each caption and each image token run to a multiple of
+SEQ_MULTI_OF (32) with a learned pad token (`cap_pad_token`, `x_pad_token`), and those inner pad
+tokens are NOT masked: real tokens attend to them in the refiners and the main layers (only the
+padding that batches items of different lengths is masked). The model was trained that way, so we
+keep the inner pad tokens in our packed segments (they change the real tokens' outputs) and drop
+the batch padding, which our ragged segments never need.
+
+Segment order per item in the main layers is [image tokens, caption tokens], as in diffusers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mstar.engine.attention import AttentionLayout
+from mstar.models.zimage.config import DiTConfig
+from mstar.models.zimage.dit_layers import ADALN_EMBED_DIM, FinalLayer, RMSNorm, RopeTables, TimestepEmbedder
+from mstar.models.zimage.dit_layers import TransformerBlock as Block
+
+SEQ_MULTI_OF = 32
+# Attention labels planned once per forward.
+IMAGE_REFINER_LABEL = "image_refiner"
+TEXT_REFINER_LABEL = "text_refiner"
+SELF_LABEL = "self"
+
+
+@dataclass
+class DiTInput:
+    """One item of a packed forward: latents [C, H, W] (latent cells), timestep in the model's
+    [0, 1] scale (1 = pure noise... as the pipeline passes (1000 - t) / 1000), caption [L, cap_dim]."""
+
+    latents: torch.Tensor
+    timestep: float
+    caption: torch.Tensor
+
+
+def padded_len(num_tokens: int) -> int:
+    return num_tokens + (-num_tokens) % SEQ_MULTI_OF
+
+
+@dataclass(frozen=True)
+class ItemGeometry:
+    """Token counts of one item: real and padded image tokens, real and padded caption tokens."""
+
+    height: int
+    width: int
+    num_image: int
+    num_image_padded: int
+    num_caption: int
+    num_caption_padded: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_image_padded + self.num_caption_padded
+
+
+class ZImageDiT(nn.Module):
+    def __init__(self, config: DiTConfig):
+        super().__init__()
+        if config.head_dim != sum(config.axes_dims):
+            raise ValueError(f"head_dim {config.head_dim} must equal sum(axes_dims) {sum(config.axes_dims)}")
+        self.config = config
+        dim, p, pf = config.dim, config.patch_size, config.f_patch_size
+        key = f"{p}-{pf}"
+        patch_dim = pf * p * p * config.in_channels
+        self.all_x_embedder = nn.ModuleDict({key: nn.Linear(patch_dim, dim, bias=True)})
+        self.all_final_layer = nn.ModuleDict({key: FinalLayer(dim, patch_dim)})
+
+        def blocks(count: int, modulation: bool) -> nn.ModuleList:
+            return nn.ModuleList(
+                Block(dim, config.n_heads, config.norm_eps, config.qk_norm, modulation) for _ in range(count)
+            )
+
+        self.noise_refiner = blocks(config.n_refiner_layers, True)
+        self.context_refiner = blocks(config.n_refiner_layers, False)
+        self.t_embedder = TimestepEmbedder(min(dim, ADALN_EMBED_DIM))
+        self.cap_embedder = nn.Sequential(
+            RMSNorm(config.cap_feat_dim, eps=config.norm_eps), nn.Linear(config.cap_feat_dim, dim, bias=True)
+        )
+        self.x_pad_token = nn.Parameter(torch.zeros((1, dim)))
+        self.cap_pad_token = nn.Parameter(torch.zeros((1, dim)))
+        self.layers = blocks(config.n_layers, True)
+        self.rope = RopeTables(config.rope_theta, config.axes_dims, config.axes_lens)
+        self._key = key
+
+    # ---- geometry and host-side layout ---------------------------------------------------------
+    def geometry(self, item: DiTInput) -> ItemGeometry:
+        p = self.config.patch_size
+        _, height, width = item.latents.shape
+        num_image = (height // p) * (width // p)
+        num_caption = item.caption.shape[0]
+        return ItemGeometry(
+            height, width, num_image, padded_len(num_image), num_caption, padded_len(num_caption)
+        )
+
+    def _position_ids(self, geo: ItemGeometry, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image [Nx, 3], caption [Nc, 3]) int position ids as diffusers assigns them: caption
+        (1 + j, 0, 0) for every padded caption slot; image (Nc + 1, h, w), image pads (0, 0, 0)."""
+        cap_pos = torch.zeros(geo.num_caption_padded, 3, dtype=torch.long, device=device)
+        cap_pos[:, 0] = torch.arange(1, geo.num_caption_padded + 1, device=device)
+        p = self.config.patch_size
+        rows = torch.arange(geo.height // p, device=device)
+        cols = torch.arange(geo.width // p, device=device)
+        grid_h, grid_w = torch.meshgrid(rows, cols, indexing="ij")
+        img_pos = torch.zeros(geo.num_image_padded, 3, dtype=torch.long, device=device)
+        img_pos[: geo.num_image, 0] = geo.num_caption_padded + 1
+        img_pos[: geo.num_image, 1] = grid_h.flatten()
+        img_pos[: geo.num_image, 2] = grid_w.flatten()
+        return img_pos, cap_pos
+
+    def plan(self, attn, geometries: list[ItemGeometry]) -> None:
+        attn.plan(
+            IMAGE_REFINER_LABEL, AttentionLayout.self_attention([g.num_image_padded for g in geometries])
+        )
+        attn.plan(
+            TEXT_REFINER_LABEL, AttentionLayout.self_attention([g.num_caption_padded for g in geometries])
+        )
+        attn.plan(SELF_LABEL, AttentionLayout.self_attention([g.num_tokens for g in geometries]))
+
+    # ---- per-item patchify / embed -------------------------------------------------------------
+    def _patchify(self, latents: torch.Tensor) -> torch.Tensor:
+        """[C, H, W] -> [(H/p)*(W/p), p*p*C] (channel fastest, as diffusers with F = 1)."""
+        p = self.config.patch_size
+        channels, height, width = latents.shape
+        patches = latents.view(channels, height // p, p, width // p, p).permute(1, 3, 2, 4, 0)
+        return patches.reshape((height // p) * (width // p), p * p * channels)
+
+    def _unpatchify(self, tokens: torch.Tensor, geo: ItemGeometry) -> torch.Tensor:
+        """[num_image, p*p*C] -> [C, H, W]."""
+        p, channels = self.config.patch_size, self.config.in_channels
+        grid = tokens.view(geo.height // p, geo.width // p, p, p, channels)
+        return grid.permute(4, 0, 2, 1, 3).reshape(channels, geo.height, geo.width)
+
+    @staticmethod
+    def _with_pads(tokens: torch.Tensor, num_padded: int, pad_token: torch.Tensor) -> torch.Tensor:
+        num_pad = num_padded - tokens.shape[0]
+        if num_pad == 0:
+            return tokens
+        return torch.cat([tokens, pad_token.to(tokens.dtype).expand(num_pad, -1)], dim=0)
+
+    # ---- forward -------------------------------------------------------------------------------
+    def forward(self, items: list[DiTInput], attn) -> list[torch.Tensor]:
+        """Predict the flow for every item in one packed pass; returns [C, H, W] per item."""
+        device = items[0].latents.device
+        dtype = self.all_x_embedder[self._key].weight.dtype
+        geos = [self.geometry(item) for item in items]
+        self.plan(attn, geos)
+
+        timesteps = torch.tensor([item.timestep for item in items], dtype=torch.float32, device=device)
+        item_emb = self.t_embedder(timesteps * self.config.t_scale).to(dtype)  # [num_items, adaln_dim]
+
+        x, x_rope, x_item, cap, cap_rope = self._embed(items, geos, dtype, device)
+        for layer in self.noise_refiner:
+            x = layer(x, x_rope, attn, IMAGE_REFINER_LABEL, item_emb, x_item)
+        for layer in self.context_refiner:
+            cap = layer(cap, cap_rope, attn, TEXT_REFINER_LABEL)
+
+        unified, rope, token_item = self._unify(geos, x, x_rope, cap, cap_rope, device)
+        for layer in self.layers:
+            unified = layer(unified, rope, attn, SELF_LABEL, item_emb, token_item)
+        unified = self.all_final_layer[self._key](unified, item_emb, token_item)
+        return self._split_outputs(unified, geos)
+
+    def _embed(self, items, geos, dtype, device):
+        """Embedded image tokens [sum Nx, dim] and caption tokens [sum Nc, dim], their rotary
+        tables, and the item index of every image token."""
+        patches = torch.cat([self._patchify(item.latents.to(dtype)) for item in items])
+        x_tokens = self.all_x_embedder[self._key](patches).split([g.num_image for g in geos])
+        captions = torch.cat([item.caption.to(dtype) for item in items])
+        cap_tokens = self.cap_embedder(captions).split([g.num_caption for g in geos])
+        x = torch.cat(
+            [
+                self._with_pads(t, g.num_image_padded, self.x_pad_token)
+                for t, g in zip(x_tokens, geos, strict=True)
+            ]
+        )
+        cap = torch.cat(
+            [
+                self._with_pads(t, g.num_caption_padded, self.cap_pad_token)
+                for t, g in zip(cap_tokens, geos, strict=True)
+            ]
+        )
+        positions = [self._position_ids(g, device) for g in geos]
+        x_rope = self.rope(torch.cat([img for img, _ in positions]))
+        cap_rope = self.rope(torch.cat([c for _, c in positions]))
+        x_item = self._token_items([g.num_image_padded for g in geos], device)
+        return x, x_rope, x_item, cap, cap_rope
+
+    @staticmethod
+    def _token_items(lens: list[int], device: torch.device) -> torch.Tensor:
+        counts = torch.tensor(lens, device=device)
+        return torch.repeat_interleave(torch.arange(len(lens), device=device), counts)
+
+    def _unify(self, geos, x, x_rope, cap, cap_rope, device):
+        """Interleave per item: [image_i, caption_i] for i in items (tokens and rotary tables)."""
+        x_lens = [g.num_image_padded for g in geos]
+        cap_lens = [g.num_caption_padded for g in geos]
+
+        def interleave(image_part: torch.Tensor, caption_part: torch.Tensor) -> torch.Tensor:
+            parts = []
+            for img, c in zip(image_part.split(x_lens), caption_part.split(cap_lens), strict=True):
+                parts += [img, c]
+            return torch.cat(parts)
+
+        unified = interleave(x, cap)
+        rope = (interleave(x_rope[0], cap_rope[0]), interleave(x_rope[1], cap_rope[1]))
+        token_item = self._token_items([g.num_tokens for g in geos], device)
+        return unified, rope, token_item
+
+    def _split_outputs(self, unified: torch.Tensor, geos: list[ItemGeometry]) -> list[torch.Tensor]:
+        outputs = []
+        for tokens, geo in zip(unified.split([g.num_tokens for g in geos]), geos, strict=True):
+            outputs.append(self._unpatchify(tokens[: geo.num_image], geo))
+        return outputs
