@@ -1,0 +1,128 @@
+"""Prometheus metrics (prefix `mstar:`, label model_name) on a per-app registry.
+
+`PrometheusMetrics` implements the runtime's MetricsSink protocol (INTERFACES.md section 1): the runtime
+calls observe_* as requests and steps happen; running/waiting gauges are read from Runtime.stats() at
+scrape time so they can never drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
+QUEUE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+TOKEN_BUCKETS = tuple(2**p for p in range(6, 20))
+
+
+class _StatsCollector:
+    """Running/waiting gauges read from the runtime at scrape time."""
+
+    def __init__(self, model_name: str, read_stats: Callable[[], Any] | None):
+        self.model_name = model_name
+        self.read_stats = read_stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        running = GaugeMetricFamily(
+            "mstar:num_requests_running", "Requests in a worker step loop", labels=["model_name"]
+        )
+        waiting = GaugeMetricFamily(
+            "mstar:num_requests_waiting", "Requests admitted but waiting to run", labels=["model_name"]
+        )
+        stats = self.read_stats() if self.read_stats is not None else None
+        running.add_metric([self.model_name], getattr(stats, "num_running", 0))
+        waiting.add_metric([self.model_name], getattr(stats, "num_waiting", 0))
+        yield running
+        yield waiting
+
+
+class PrometheusMetrics:
+    """MetricsSink on its own CollectorRegistry (one per app, so tests can build many apps)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._stats = _StatsCollector(model_name, None)
+        self.registry.register(self._stats)
+        labels = ["model_name"]
+        self.queue_time = Histogram(
+            "mstar:request_queue_time_seconds",
+            "Time from admission to the first step",
+            labels,
+            buckets=QUEUE_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.e2e_latency = Histogram(
+            "mstar:e2e_request_latency_seconds",
+            "Time from submission to the end of the request",
+            labels,
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.step_time = Histogram(
+            "mstar:step_duration_seconds",
+            "Duration of one step of one node (the denoise step is node 'dit')",
+            [*labels, "node"],
+            buckets=STEP_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "mstar:step_batch_size",
+            "Requests per step",
+            [*labels, "node"],
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens_per_step = Histogram(
+            "mstar:step_tokens",
+            "Step cost (tokens, both guidance labels) per step",
+            [*labels, "node"],
+            buckets=TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "mstar:requests",
+            "Finished requests by outcome (completed/failed/aborted/timeout; rejected = refused at admission)",
+            [*labels, "outcome"],
+            registry=self.registry,
+        )
+        self.recompiles = Counter(
+            "mstar:recompiles",
+            "torch.compile recompiles after warmup (each one is a latency spike on the serving path)",
+            [*labels, "node"],
+            registry=self.registry,
+        )
+
+    def bind_runtime(self, read_stats: Callable[[], Any]) -> None:
+        """Read running/waiting from `read_stats()` (Runtime.stats) at every scrape."""
+        self._stats.read_stats = read_stats
+
+    # MetricsSink protocol
+    def observe_queue_time(self, seconds: float) -> None:
+        self.queue_time.labels(self.model_name).observe(seconds)
+
+    def observe_step(self, node: str, batch_size: int, cost: int, duration_s: float) -> None:
+        self.step_time.labels(self.model_name, node).observe(duration_s)
+        self.batch_size.labels(self.model_name, node).observe(batch_size)
+        self.tokens_per_step.labels(self.model_name, node).observe(cost)
+
+    def observe_request_end(self, outcome: str, latency_s: float) -> None:
+        self.requests.labels(self.model_name, outcome).inc()
+        self.e2e_latency.labels(self.model_name).observe(latency_s)
+
+    def count_recompile(self, node: str, count: int) -> None:
+        if count > 0:
+            self.recompiles.labels(self.model_name, node).inc(count)
+
+    # API-side events
+    def count_rejected(self) -> None:
+        self.requests.labels(self.model_name, "rejected").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

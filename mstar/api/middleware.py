@@ -1,0 +1,126 @@
+"""ASGI middleware: the API key guard and the request body size limit, plus body parsing.
+
+Both guards answer before any route runs; the body limit counts the bytes actually received, so a
+chunked upload without Content-Length is bounded too.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mstar.api.errors import ApiError, error_response
+
+GUARDED_PREFIXES = ("/v1/", "/generate")
+MAX_FORM_FIELDS = 64
+
+
+def _is_guarded(path: str) -> bool:
+    return path == "/v1" or any(path.startswith(prefix) for prefix in GUARDED_PREFIXES)
+
+
+async def _send_error(scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:
+    await error_response(error)(scope, receive, send)
+
+
+class ApiKeyMiddleware:
+    """`Authorization: Bearer <key>` on every /v1 and /generate route, compared in constant time."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.expected is None or scope["type"] != "http" or not _is_guarded(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
+        if not hmac.compare_digest(given, self.expected):
+            error = ApiError(
+                401,
+                "Missing or invalid API key (send 'Authorization: Bearer <key>').",
+                type="authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await _send_error(scope, receive, send, error)
+            return
+        await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Reads the whole body (at most max_body_bytes) before the route runs; 413 beyond."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    def _too_large(self) -> ApiError:
+        return ApiError(
+            413,
+            f"The request body exceeds {self.max_body_bytes} bytes.",
+            code="request_too_large",
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await _send_error(scope, receive, send, self._too_large())
+            return
+        chunks: list[bytes] = []
+        num_bytes = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            num_bytes += len(chunk)
+            if num_bytes > self.max_body_bytes:
+                await _send_error(scope, receive, send, self._too_large())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then wait for disconnect like a normal receive
+
+        await self.app(scope, replay, send)
+
+
+async def read_fields(request: Request) -> dict[str, Any]:
+    """The body as a dict of fields: JSON object, multipart or url-encoded form (uploads stay files)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
+        return dict(form.items())
+    if content_type not in ("", "application/json"):
+        raise ApiError(
+            415,
+            f"Unsupported content type '{content_type}'; send application/json or multipart/form-data.",
+            code="unsupported_media_type",
+        )
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError(400, "The request body is empty; send a JSON object.", code="invalid_json")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+    return data

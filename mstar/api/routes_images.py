@@ -1,0 +1,57 @@
+"""POST /v1/images/generations (OpenAI shape) and GET /media/{id} for `response_format=url`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from mstar.api.media import IMAGE_MEDIA_TYPES, encode_image
+from mstar.api.middleware import read_fields
+from mstar.api.schemas import ImageGenerationRequest
+from mstar.api.state import server_state
+
+router = APIRouter()
+
+
+def _encode_all(frames_list: list[Any], output_format: str, quality: int | None) -> list[bytes]:
+    return [encode_image(frames[0], output_format, quality) for frames in frames_list]
+
+
+@router.post("/v1/images/generations")
+async def create_images(request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    body = ImageGenerationRequest.model_validate(await read_fields(request))
+    generator = state.generator
+    generator.check_model(body.model, "image")
+    many_params = [
+        generator.validate(body.generation_params(seed)) for seed in generator.seeds(body.seed, body.n)
+    ]
+    generator.check_ready()
+    submitted = generator.submit_many(many_params)
+    frames_list = await generator.frames_of_all(submitted)
+    output_format = body.output_format or "png"
+    images = await asyncio.to_thread(_encode_all, frames_list, output_format, body.output_compression)
+    if body.response_format == "url":
+        media_type = IMAGE_MEDIA_TYPES[output_format]
+        base_url = str(request.base_url).rstrip("/")
+        data = [{"url": f"{base_url}/media/{state.media.put(image, media_type)}"} for image in images]
+    else:
+        data = [{"b64_json": base64.b64encode(image).decode("ascii")} for image in images]
+    height, width = frames_list[0].shape[-3:-1]
+    return {
+        "created": int(time.time()),
+        "data": data,
+        "output_format": output_format,
+        "size": f"{width}x{height}",
+    }
+
+
+@router.get("/media/{media_id}")
+async def get_media(media_id: str, request: Request) -> Response:
+    item = server_state(request).media.get(media_id)
+    return Response(item.data, media_type=item.media_type, headers={"Cache-Control": "private, max-age=3600"})

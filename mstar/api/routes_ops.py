@@ -1,0 +1,57 @@
+"""Operations routes: /health (process alive), /ready (503 until the runtime is), /metrics, /v1/models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from mstar.api.metrics import CONTENT_TYPE
+from mstar.api.state import ServerState, server_state
+from mstar.errors import UnknownModel
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    if server_state(request).runtime.ready:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "not_ready"}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(server_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    spec = state.spec
+    return {
+        "id": spec.name,
+        "object": "model",
+        "created": int(state.created_at),
+        "owned_by": "mstar",
+        "task": spec.task,
+        "output_kind": spec.output_kind,
+        "limits": spec.limits(),
+    }
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_card(server_state(request))]}
+
+
+@router.get("/v1/models/{model_id}")
+async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    if model_id != state.spec.name:
+        raise UnknownModel(model_id)
+    return _model_card(state)

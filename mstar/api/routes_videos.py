@@ -1,0 +1,158 @@
+"""Video jobs in the OpenAI Videos shape: create (queued at once), retrieve, list, download, delete.
+
+The job runs as an asyncio task that follows the runtime's events; the MP4 is muxed in a thread so
+the event loop keeps serving while it encodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+
+from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
+from mstar.api.media import VIDEO_MEDIA_TYPE, decode_base64, decode_data_url, decode_image, encode_mp4
+from mstar.api.middleware import read_fields
+from mstar.api.schemas import VideoCreateRequest
+from mstar.api.service import Submitted
+from mstar.api.state import ServerState, server_state
+from mstar.api.store import FINISHED, VideoJob
+from mstar.errors import InvalidParam
+
+logger = logging.getLogger("mstar.api")
+router = APIRouter()
+
+POLL_AFTER_MS = 500
+DEFAULT_FPS = 16
+
+
+async def _reference_bytes(reference: Any) -> bytes:
+    """input_reference as a multipart file, a data URL / base64 string, or {"image_url": data URL}."""
+    if isinstance(reference, UploadFile):
+        return await reference.read()
+    if isinstance(reference, str):
+        if reference.startswith("data:"):
+            return decode_data_url(reference)
+        return decode_base64(reference, "input_reference")
+    if isinstance(reference, dict) and isinstance(reference.get("image_url"), str):
+        return decode_data_url(reference["image_url"], "input_reference.image_url")
+    if isinstance(reference, dict) and "file_id" in reference:
+        raise InvalidParam("input_reference.file_id", "file ids are not supported; upload the image instead")
+    raise InvalidParam("input_reference", "send an image file, a base64 data URL or {'image_url': data URL}")
+
+
+async def read_reference(reference: Any) -> Any:
+    """The reference image as uint8 [H, W, 3], or None when absent."""
+    if reference is None or reference == "":
+        return None
+    data = await _reference_bytes(reference)
+    return await asyncio.to_thread(decode_image, data)
+
+
+def _describe(body: VideoCreateRequest, params: dict[str, Any]) -> tuple[str, str]:
+    """The job's `size` and `seconds` strings from the resolved params (the model's defaults filled in)."""
+    width, height = params.get("width"), params.get("height")
+    size = f"{width}x{height}" if width and height else (body.size or "")
+    if body.seconds is not None:
+        return size, body.seconds
+    num_frames, fps = params.get("num_frames"), params.get("fps")
+    seconds = f"{num_frames / fps:g}" if num_frames and fps else ""
+    return size, seconds
+
+
+async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> None:
+    def on_progress(step: int, total: int) -> None:
+        job.status = "in_progress"
+        job.progress = min(99, int(100 * step / max(total, 1)))
+
+    try:
+        frames = await state.generator.frames(submitted, on_progress)
+        job.status = "in_progress"
+        fps = int(submitted.params.get("fps") or DEFAULT_FPS)
+        job.content = await asyncio.to_thread(encode_mp4, frames, fps)
+        state.jobs.finish(job, "completed")
+    except ApiError as error:
+        job.error = {"code": error.code or "failed", "message": error.message}
+        state.jobs.finish(job, "failed")
+    except Exception:
+        logger.exception("video job %s failed", job.id)
+        job.error = {"code": "internal_error", "message": GENERIC_INTERNAL_MESSAGE}
+        state.jobs.finish(job, "failed")
+
+
+@router.post("/v1/videos")
+async def create_video(request: Request) -> JSONResponse:
+    state = server_state(request)
+    fields = await read_fields(request)
+    reference_field = fields.pop("input_reference", None)
+    body = VideoCreateRequest.model_validate(fields)
+    generator = state.generator
+    generator.check_model(body.model, "video")
+    reference = await read_reference(reference_field)
+    params = generator.validate(body.generation_params(has_input_reference=reference is not None))
+    generator.check_ready()
+    inputs = {"input_reference": reference} if reference is not None else None
+    submitted = generator.submit(params, inputs)
+    size, seconds = _describe(body, params)
+    job = state.jobs.new_job(
+        model=state.spec.name,
+        prompt=body.prompt,
+        size=size,
+        seconds=seconds,
+        request_id=submitted.handle.request_id,
+    )
+    job.task = asyncio.create_task(run_job(state, job, submitted))
+    return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(POLL_AFTER_MS)})
+
+
+@router.get("/v1/videos/{video_id}")
+async def retrieve_video(video_id: str, request: Request) -> JSONResponse:
+    job = server_state(request).jobs.get(video_id)
+    headers = {} if job.status in FINISHED else {"openai-poll-after-ms": str(POLL_AFTER_MS)}
+    return JSONResponse(job.to_json(), headers=headers)
+
+
+@router.get("/v1/videos/{video_id}/content")
+async def download_video(
+    video_id: str, request: Request, variant: Literal["video"] = Query("video")
+) -> Response:
+    job = server_state(request).jobs.get(video_id)
+    if job.status != "completed" or job.content is None:
+        raise ApiError(
+            400,
+            f"video '{video_id}' is {job.status}; content exists once it is completed",
+            code="video_not_ready",
+        )
+    return Response(job.content, media_type=VIDEO_MEDIA_TYPE)
+
+
+@router.get("/v1/videos")
+async def list_videos(
+    request: Request,
+    after: str | None = Query(None),
+    limit: int = Query(20, ge=1, le=100),
+    order: Literal["asc", "desc"] = Query("desc"),
+) -> dict[str, Any]:
+    jobs, has_more = server_state(request).jobs.list(after, limit, order)
+    return {
+        "object": "list",
+        "data": [job.to_json() for job in jobs],
+        "first_id": jobs[0].id if jobs else None,
+        "last_id": jobs[-1].id if jobs else None,
+        "has_more": has_more,
+    }
+
+
+@router.delete("/v1/videos/{video_id}")
+async def delete_video(video_id: str, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    job = state.jobs.remove(video_id)
+    if job.status not in FINISHED:
+        state.runtime.abort(job.request_id)
+    if job.task is not None and not job.task.done():
+        job.task.cancel()
+    return {"id": job.id, "object": "video.deleted", "deleted": True}

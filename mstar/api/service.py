@@ -1,0 +1,140 @@
+"""The API's one path into the runtime: check the model and mode, validate, submit, collect events.
+
+Runtime events are read by shape (Progress has `step`/`total`, Done has `outputs`, Failed has
+`kind`/`message`) so the API depends on the documented fields, not on class identities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
+from mstar.api.metrics import PrometheusMetrics
+from mstar.errors import Overloaded, UnknownModel
+from mstar.graph import GenerationParams, ModelSpec
+
+logger = logging.getLogger("mstar.api")
+
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass
+class Submitted:
+    handle: Any
+    params: dict[str, Any]
+
+
+def failure_error(kind: str, message: str) -> ApiError:
+    """A runtime failure as the client sees it: no internal details (they are logged)."""
+    logger.error("request failed (%s): %s", kind, message)
+    if kind == "timeout":
+        return ApiError(504, "The request timed out.", type="server_error", code="timeout")
+    if kind == "worker_died":
+        return ApiError(
+            503, "A worker stopped; retry the request.", type="server_error", code="worker_unavailable"
+        )
+    if kind == "aborted":
+        return ApiError(503, "The request was aborted.", type="server_error", code="aborted")
+    return ApiError(500, GENERIC_INTERNAL_MESSAGE, type="server_error", code="internal_error")
+
+
+def random_seed() -> int:
+    return secrets.randbelow(2**31)
+
+
+class Generator:
+    def __init__(self, config: Any, spec: ModelSpec, runtime: Any, metrics: PrometheusMetrics):
+        self.config = config
+        self.spec = spec
+        self.runtime = runtime
+        self.metrics = metrics
+
+    def check_model(self, model: str | None, output_kind: str) -> None:
+        """404 for a model not served here; 400 when the route's media kind is not the model's."""
+        if model is not None and model != self.spec.name:
+            raise UnknownModel(model)
+        if self.spec.output_kind != output_kind:
+            raise ApiError(
+                400,
+                f"model '{self.spec.name}' is {self.spec.task}; this route makes {output_kind}s",
+                param="model",
+                code="unsupported_mode",
+            )
+
+    def check_ready(self) -> None:
+        if not self.runtime.ready:
+            raise ApiError(
+                503,
+                "The server is starting or a worker is restarting.",
+                type="server_error",
+                code="not_ready",
+            )
+
+    def validate(self, params: GenerationParams) -> dict[str, Any]:
+        return self.spec.validate(params)
+
+    def submit(self, params: dict[str, Any], inputs: dict[str, Any] | None = None) -> Submitted:
+        try:
+            handle = self.runtime.submit(params, inputs, timeout_s=self.config.request_timeout_s)
+        except Overloaded:
+            self.metrics.count_rejected()
+            raise
+        return Submitted(handle, params)
+
+    def submit_many(
+        self, many_params: list[dict[str, Any]], inputs: dict[str, Any] | None = None
+    ) -> list[Submitted]:
+        """All or nothing: if the queue fills part way, the ones already admitted are aborted."""
+        submitted: list[Submitted] = []
+        try:
+            for params in many_params:
+                submitted.append(self.submit(params, inputs))
+        except BaseException:
+            self.abort_all(submitted)
+            raise
+        return submitted
+
+    def abort_all(self, submitted: list[Submitted]) -> None:
+        for item in submitted:
+            self.runtime.abort(item.handle.request_id)
+
+    async def outputs(
+        self, submitted: Submitted, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        """Follow a request's events to its outputs; Failed becomes an ApiError."""
+        async for event in submitted.handle.events():
+            if hasattr(event, "outputs"):
+                return event.outputs
+            if hasattr(event, "kind"):
+                raise failure_error(event.kind, event.message)
+            if on_progress is not None and hasattr(event, "step"):
+                on_progress(event.step, event.total)
+        raise failure_error("error", "the event stream ended without a result")
+
+    async def frames(self, submitted: Submitted, on_progress: ProgressCallback | None = None) -> Any:
+        """The model's media tensor, uint8 [F, H, W, 3]."""
+        outputs = await self.outputs(submitted, on_progress)
+        frames = outputs.get(self.spec.output_tensor)
+        if frames is None:
+            raise failure_error("error", f"outputs lack '{self.spec.output_tensor}': {sorted(outputs)}")
+        return frames
+
+    async def frames_of_all(self, submitted: list[Submitted]) -> list[Any]:
+        """Every request's frames; a client that goes away aborts them all."""
+        try:
+            return await asyncio.gather(*(self.frames(item) for item in submitted))
+        except BaseException:
+            self.abort_all(submitted)
+            raise
+
+    def seeds(self, seed: int | None, n: int) -> list[int | None]:
+        """n > 1: seeds seed, seed+1, ... (a random base when none is given so the n differ)."""
+        if n == 1:
+            return [seed]
+        base = random_seed() if seed is None else seed
+        return [base + index for index in range(n)]

@@ -1,0 +1,35 @@
+"""Fixtures: an app over the fake runtime, driven through Starlette's TestClient."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from mstar.api.app import create_app
+from mstar.api.metrics import PrometheusMetrics
+from mstar.config import ServerConfig
+from tests.api.fakes import FakeImageSpec, FakeRuntime, FakeVideoSpec
+
+
+def build_client(spec=None, api_key=None, step_delay_s=0.0, max_active=64, **config_fields):
+    spec = spec or FakeImageSpec()
+    config = ServerConfig(model=spec.name, api_key=api_key, **config_fields)
+    metrics = PrometheusMetrics(spec.name)
+    runtime = FakeRuntime(metrics=metrics, step_delay_s=step_delay_s, max_active=max_active)
+    app = create_app(config, spec, runtime, metrics=metrics)
+    client = TestClient(app, raise_server_exceptions=False)
+    return client, runtime
+
+
+@pytest.fixture
+def image_client():
+    client, runtime = build_client(FakeImageSpec())
+    with client:
+        yield client, runtime
+
+
+@pytest.fixture
+def video_client():
+    client, runtime = build_client(FakeVideoSpec(), step_delay_s=0.005)
+    with client:
+        yield client, runtime

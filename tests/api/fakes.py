@@ -1,0 +1,209 @@
+"""Test doubles: a small image and video ModelSpec and a Runtime with the documented surface
+(INTERFACES.md section 1) that "denoises" by sleeping and returns seeded frames."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mstar.errors import InvalidParam, Overloaded
+from mstar.graph import GenerationParams, ModelSpec, Walk
+
+
+@dataclass
+class Progress:
+    step: int
+    total: int
+
+
+@dataclass
+class Done:
+    outputs: dict[str, Any]
+
+
+@dataclass
+class Failed:
+    message: str
+    kind: str
+
+
+@dataclass
+class Stats:
+    num_running: int
+    num_waiting: int
+
+
+class FakeImageSpec(ModelSpec):
+    name = "fake-image"
+    task = "text-to-image"
+    output_kind = "image"
+    walks = {"generate": Walk("generate", ("dit",))}
+    node_names = ("dit",)
+    max_prompt_chars = 200
+    max_side = 256
+    max_steps = 50
+
+    def limits(self) -> dict[str, Any]:
+        return {
+            "max_width": self.max_side,
+            "max_height": self.max_side,
+            "max_num_inference_steps": self.max_steps,
+        }
+
+    def _check_common(self, params: GenerationParams) -> None:
+        if len(params.prompt) > self.max_prompt_chars:
+            raise InvalidParam("prompt", f"at most {self.max_prompt_chars} characters")
+        for name in ("width", "height"):
+            value = getattr(params, name)
+            if value is not None and (value % 16 or not 16 <= value <= self.max_side):
+                raise InvalidParam(name, f"must be a multiple of 16 in [16, {self.max_side}]")
+        steps = params.num_inference_steps
+        if steps is not None and steps > self.max_steps:
+            raise InvalidParam("num_inference_steps", f"at most {self.max_steps}")
+        if params.seed is not None and params.seed >= 2**32:
+            raise InvalidParam("seed", "must be below 2**32")
+
+    def validate(self, params: GenerationParams) -> dict[str, Any]:
+        self._check_common(params)
+        if params.has_input_reference:
+            raise InvalidParam("input_reference", "this model is text-to-image")
+        if params.num_frames is not None or params.seconds is not None:
+            raise InvalidParam("num_frames", "this model makes images")
+        return {
+            "prompt": params.prompt,
+            "width": params.width or 32,
+            "height": params.height or 32,
+            "num_frames": 1,
+            "num_inference_steps": params.num_inference_steps or 4,
+            "guidance_scale": params.guidance_scale if params.guidance_scale is not None else 1.0,
+            "seed": params.seed if params.seed is not None else 0,
+        }
+
+    def first_walk(self, params: dict[str, Any]) -> str:
+        return "generate"
+
+    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+        return None
+
+    def build_nodes(self, ctx: Any) -> dict:
+        raise NotImplementedError("the fake runtime builds nothing")
+
+
+class FakeVideoSpec(FakeImageSpec):
+    name = "fake-video"
+    task = "text-to-video"
+    output_kind = "video"
+    max_frames = 33
+
+    def validate(self, params: GenerationParams) -> dict[str, Any]:
+        self._check_common(params)
+        fps = params.fps or 8
+        num_frames = params.num_frames
+        if num_frames is None and params.seconds is not None:
+            num_frames = int(params.seconds * fps) // 4 * 4 + 1
+        num_frames = num_frames or 9
+        if num_frames % 4 != 1 or num_frames > self.max_frames:
+            raise InvalidParam("num_frames", f"must be 4k+1 and at most {self.max_frames}")
+        resolved = FakeImageSpec.validate(
+            self,
+            GenerationParams(
+                **{**params.__dict__, "has_input_reference": False, "num_frames": None, "seconds": None}
+            ),
+        )
+        return {
+            **resolved,
+            "num_frames": num_frames,
+            "fps": fps,
+            "has_input_reference": params.has_input_reference,
+        }
+
+
+def seeded_frames(params: dict[str, Any]) -> np.ndarray:
+    """uint8 [F, H, W, 3] that depend on the seed, so tests can tell requests apart."""
+    rng = np.random.default_rng(params["seed"])
+    shape = (params["num_frames"], params["height"], params["width"], 3)
+    return rng.integers(0, 256, size=shape, dtype=np.uint8)
+
+
+class FakeHandle:
+    def __init__(self, runtime: FakeRuntime, request_id: str, params: dict[str, Any]):
+        self.runtime = runtime
+        self.request_id = request_id
+        self.params = params
+        self.aborted = False
+
+    async def events(self):
+        runtime = self.runtime
+        start_s = time.perf_counter()
+        total = self.params["num_inference_steps"]
+        outcome = "completed"
+        try:
+            if runtime.metrics is not None:
+                runtime.metrics.observe_queue_time(0.001)
+            for step in range(1, total + 1):
+                await asyncio.sleep(runtime.step_delay_s)
+                if self.aborted:
+                    outcome = "aborted"
+                    yield Failed("aborted by the client", "aborted")
+                    return
+                if runtime.metrics is not None:
+                    runtime.metrics.observe_step("dit", 1, 64, runtime.step_delay_s)
+                yield Progress(step, total)
+            if runtime.fail_kind is not None:
+                outcome = "failed"
+                yield Failed("secret internal detail: CUDA exploded at 0xdeadbeef", runtime.fail_kind)
+                return
+            yield Done({"frames": seeded_frames(self.params)})
+        finally:
+            runtime.active.pop(self.request_id, None)
+            if runtime.metrics is not None:
+                runtime.metrics.observe_request_end(outcome, time.perf_counter() - start_s)
+
+
+class FakeRuntime:
+    def __init__(self, metrics: Any = None, step_delay_s: float = 0.0, max_active: int = 64):
+        self.metrics = metrics
+        self.step_delay_s = step_delay_s
+        self.max_active = max_active
+        self.fail_kind: str | None = None
+        self.ready_flag = True
+        self.active: dict[str, FakeHandle] = {}
+        self.submitted: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+        self.aborted: list[str] = []
+        self.started = False
+        self._ids = itertools.count()
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_flag
+
+    async def start(self, on_progress: Any = None) -> None:
+        self.started = True
+
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        self.started = False
+
+    def submit(self, params, inputs=None, timeout_s=None, request_id=None) -> FakeHandle:
+        if len(self.active) >= self.max_active:
+            raise Overloaded(retry_after_s=2.5)
+        request_id = request_id or f"req-{next(self._ids)}"
+        handle = FakeHandle(self, request_id, params)
+        self.active[request_id] = handle
+        self.submitted.append((params, inputs))
+        return handle
+
+    def abort(self, request_id: str) -> bool:
+        handle = self.active.get(request_id)
+        if handle is None:
+            return False
+        handle.aborted = True
+        self.aborted.append(request_id)
+        return True
+
+    def stats(self) -> Stats:
+        return Stats(num_running=len(self.active), num_waiting=0)
