@@ -1,0 +1,220 @@
+"""`mstar bench serve | step | diffusers | report`: every speed claim is a number measured side by side.
+
+Each benchmark writes a JSON result (with date, GPU, versions, command) and a markdown table next
+to it, and prints the table. `report` turns result files into a dated section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _float_list(text: str) -> list[float]:
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
+def _str_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _add_output(parser: argparse.ArgumentParser, default_name: str) -> None:
+    parser.add_argument(
+        "-o", "--output", default=f"bench-results/{default_name}.json", help="JSON result path"
+    )
+
+
+def _serve_parser(sub: Any) -> None:
+    from mstar.bench.pipelines import E2E_WORKLOADS
+
+    parser = sub.add_parser("serve", help="closed- and open-loop load against an OpenAI-shaped server")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument(
+        "--workload", choices=sorted(E2E_WORKLOADS), help="fills kind, size, frames, steps, guidance"
+    )
+    parser.add_argument("--kind", choices=["image", "video"])
+    parser.add_argument("--model", help="the `model` field sent (default: none)")
+    parser.add_argument("--size", help="WxH")
+    parser.add_argument("--seconds", help="videos: the OpenAI `seconds` field")
+    parser.add_argument("--steps", type=int, dest="num_inference_steps")
+    parser.add_argument("--guidance-scale", type=float)
+    parser.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
+    parser.add_argument("--concurrency", type=_int_list, default=[1], help="closed loop, e.g. 1,2,4,8")
+    parser.add_argument(
+        "--request-rate", type=_float_list, default=[], help="open loop, requests/s, e.g. 0.5,1"
+    )
+    parser.add_argument("--num-requests", type=int, default=16, help="per concurrency level or rate")
+    parser.add_argument("--num-warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--request-timeout", type=float, default=600.0, dest="request_timeout_s")
+    parser.add_argument("--poll-interval", type=float, default=0.25, dest="poll_interval_s")
+    parser.add_argument("--api-key")
+    parser.add_argument("--video-form", action="store_true", help="POST /v1/videos as multipart form")
+    _add_output(parser, "serve")
+
+
+def _step_parser(sub: Any) -> None:
+    from mstar.bench.dit_inputs import STEP_WORKLOADS
+
+    parser = sub.add_parser("step", help="DiT ms per step: ours vs diffusers, same weights and shapes")
+    names = ",".join(n for n in STEP_WORKLOADS if not n.startswith("tiny"))
+    parser.add_argument(
+        "--workloads", type=_str_list, default=_str_list(names), help=f"from {list(STEP_WORKLOADS)}"
+    )
+    parser.add_argument("--compile-modes", type=_str_list, default=["off", "deterministic"])
+    parser.add_argument("--attention-backends", type=_str_list, default=["auto"])
+    parser.add_argument("--diffusers-modes", type=_str_list, default=["eager"], help="eager,compiled")
+    parser.add_argument("--num-warmup", type=int, default=3)
+    parser.add_argument("--num-timed", type=int, default=10)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true", help="tiny configs (CPU tests)")
+    parser.add_argument("--skip-ours", action="store_true")
+    _add_output(parser, "step")
+
+
+def _diffusers_parser(sub: Any) -> None:
+    from mstar.bench.pipelines import E2E_WORKLOADS
+
+    parser = sub.add_parser("diffusers", help="diffusers pipelines end to end, eager and compiled")
+    parser.add_argument(
+        "--workloads",
+        type=_str_list,
+        default=["wan-480p-t2v", "zimage-1024"],
+        help=f"from {list(E2E_WORKLOADS)}",
+    )
+    parser.add_argument("--modes", type=_str_list, default=["eager", "compiled"])
+    parser.add_argument("--num-warmup", type=int, default=1)
+    parser.add_argument("--num-timed", type=int, default=3)
+    parser.add_argument(
+        "--steps", type=int, dest="num_inference_steps", help="override every workload's steps"
+    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--seed", type=int, default=0)
+    _add_output(parser, "diffusers")
+
+
+def _report_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "report", help="write result JSON files as a new dated section of docs/benchmarks.md"
+    )
+    parser.add_argument("results", nargs="+", type=Path, help="result JSON files or folders")
+    parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument(
+        "--command", action="append", default=[], help="an exact command of the run (repeatable)"
+    )
+    parser.add_argument("--title", help="section heading (default: date and GPU)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mstar bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_serve_parser, _step_parser, _diffusers_parser, _report_parser):
+        add(sub)
+    return parser
+
+
+def _serve_options(args: argparse.Namespace):
+    from mstar.bench.pipelines import E2E_WORKLOADS
+    from mstar.bench.serve import ServeOptions
+
+    extra_body = json.loads(args.extra_body)
+    if not isinstance(extra_body, dict):
+        raise SystemExit("--extra-body must be a JSON object")
+    kind, size = args.kind, args.size
+    if args.workload:
+        workload = E2E_WORKLOADS[args.workload]
+        kind = kind or workload.kind
+        size = size or f"{workload.width}x{workload.height}"
+        fields = workload.request_fields()
+        args.num_inference_steps = args.num_inference_steps or fields.pop("num_inference_steps")
+        guidance = fields.pop("guidance_scale")
+        args.guidance_scale = guidance if args.guidance_scale is None else args.guidance_scale
+        extra_body = fields | extra_body
+    fields = (
+        "model",
+        "seconds",
+        "num_inference_steps",
+        "guidance_scale",
+        "seed",
+        "num_requests",
+        "num_warmup",
+    )
+    fields += ("request_timeout_s", "poll_interval_s", "api_key", "video_form")
+    return ServeOptions(
+        base_url=args.base_url,
+        kind=kind or "image",
+        size=size,
+        extra_body=extra_body,
+        **{f: getattr(args, f) for f in fields},
+    )
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    if args.command == "serve":
+        from mstar.bench.serve import run_serve_benchmark
+
+        result = run_serve_benchmark(_serve_options(args), args.concurrency, args.request_rate)
+        result["workload"] = args.workload
+        return result
+    if args.command == "step":
+        from mstar.bench.step import StepOptions, run_step_benchmark
+
+        names = (
+            "workloads",
+            "compile_modes",
+            "attention_backends",
+            "diffusers_modes",
+            "num_warmup",
+            "num_timed",
+        )
+        names += ("device", "dtype", "seed", "tiny", "skip_ours")
+        return run_step_benchmark(StepOptions(**{n: getattr(args, n) for n in names}))
+    from mstar.bench.pipelines import PipelineOptions, run_pipeline_benchmark
+
+    names = ("workloads", "modes", "num_warmup", "num_timed", "num_inference_steps", "device", "seed")
+    return run_pipeline_benchmark(PipelineOptions(**{n: getattr(args, n) for n in names}))
+
+
+def _report(args: argparse.Namespace) -> int:
+    from mstar.bench.report import load_results, run_section, update_benchmarks_doc
+
+    results = load_results(args.results)
+    if not results:
+        print(f"no benchmark results found in {[str(p) for p in args.results]}", file=sys.stderr)
+        return 1
+    commands = args.command or sorted({r.get("env", {}).get("command", "") for r in results} - {""})
+    update_benchmarks_doc(args.doc, run_section(results, commands, args.title))
+    print(f"{args.doc}: added a section from {len(results)} result file(s)")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "report":
+        return _report(args)
+    from mstar.bench.env import env_info
+    from mstar.bench.report import result_markdown
+
+    result = _run(args, argv)
+    result["env"] = env_info(argv, with_cuda=args.command != "serve")
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2, default=str))
+    markdown = result_markdown(result)
+    output.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {output} and {output.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
