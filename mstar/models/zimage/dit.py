@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from mstar.engine.attention import AttentionLayout
-from mstar.models.zimage.config import DiTConfig
+from mstar.models.zimage.config import DiTConfig, from_json_dict
 from mstar.models.zimage.dit_layers import ADALN_EMBED_DIM, FinalLayer, RMSNorm, RopeTables, TimestepEmbedder
 from mstar.models.zimage.dit_layers import TransformerBlock as Block
 
@@ -38,6 +38,17 @@ class DiTInput:
     latents: torch.Tensor
     timestep: float
     caption: torch.Tensor
+
+    @classmethod
+    def of(cls, item: DiTInput | dict) -> DiTInput:
+        """Also accepts the benchmark's dicts {"latents": [C, 1, H, W] or [C, H, W], "timestep", "text"}."""
+        if isinstance(item, DiTInput):
+            return item
+        latents = item["latents"]
+        if latents.dim() == 4:  # [C, F=1, H, W] as diffusers takes it
+            latents = latents.squeeze(1)
+        caption = item["caption"] if "caption" in item else item["text"]
+        return cls(latents, float(item["timestep"]), caption)
 
 
 def padded_len(num_tokens: int) -> int:
@@ -88,6 +99,30 @@ class ZImageDiT(nn.Module):
         self.layers = blocks(config.n_layers, True)
         self.rope = RopeTables(config.rope_theta, config.axes_dims, config.axes_lens)
         self._key = key
+        self._run_layers = self._layer_stack
+
+    @classmethod
+    def from_config(cls, config: DiTConfig | dict) -> ZImageDiT:
+        if isinstance(config, dict):
+            config = from_json_dict(DiTConfig, config)
+        return cls(config)
+
+    def compile_layers(self, mode: str) -> None:
+        """Compile the main layer stack once with the pack length dynamic (engine compile modes)."""
+        from mstar.engine.compile import CompiledFunction
+
+        if mode == "off":
+            self._run_layers = self._layer_stack
+            return
+        self._run_layers = CompiledFunction(self._layer_stack, mode, "zimage.dit.layers")
+
+    def finish_warmup(self) -> None:
+        if hasattr(self._run_layers, "finish_warmup"):
+            self._run_layers.finish_warmup()
+
+    @property
+    def num_recompiles(self) -> int:
+        return getattr(self._run_layers, "num_recompiles", 0)
 
     # ---- geometry and host-side layout ---------------------------------------------------------
     def geometry(self, item: DiTInput) -> ItemGeometry:
@@ -145,8 +180,9 @@ class ZImageDiT(nn.Module):
         return torch.cat([tokens, pad_token.to(tokens.dtype).expand(num_pad, -1)], dim=0)
 
     # ---- forward -------------------------------------------------------------------------------
-    def forward(self, items: list[DiTInput], attn) -> list[torch.Tensor]:
+    def forward(self, items: list[DiTInput | dict], attn) -> list[torch.Tensor]:
         """Predict the flow for every item in one packed pass; returns [C, H, W] per item."""
+        items = [DiTInput.of(item) for item in items]
         device = items[0].latents.device
         dtype = self.all_x_embedder[self._key].weight.dtype
         geos = [self.geometry(item) for item in items]
@@ -162,10 +198,14 @@ class ZImageDiT(nn.Module):
             cap = layer(cap, cap_rope, attn, TEXT_REFINER_LABEL)
 
         unified, rope, token_item = self._unify(geos, x, x_rope, cap, cap_rope, device)
-        for layer in self.layers:
-            unified = layer(unified, rope, attn, SELF_LABEL, item_emb, token_item)
-        unified = self.all_final_layer[self._key](unified, item_emb, token_item)
+        unified = self._run_layers(unified, rope[0], rope[1], item_emb, token_item, attn)
         return self._split_outputs(unified, geos)
+
+    def _layer_stack(self, unified, cos, sin, item_emb, token_item, attn) -> torch.Tensor:
+        """Main layers and final layer over the packed [image_i, caption_i] tokens [T, dim]."""
+        for layer in self.layers:
+            unified = layer(unified, (cos, sin), attn, SELF_LABEL, item_emb, token_item)
+        return self.all_final_layer[self._key](unified, item_emb, token_item)
 
     def _embed(self, items, geos, dtype, device):
         """Embedded image tokens [sum Nx, dim] and caption tokens [sum Nc, dim], their rotary

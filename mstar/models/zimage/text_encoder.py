@@ -1,0 +1,105 @@
+"""Qwen3 prompt encoder and the `text_encoder` node, as ZImagePipeline.encode_prompt does it:
+chat template (user turn, generation prompt, thinking enabled), truncation to 512 tokens, the
+second-to-last hidden state, and only the tokens the attention mask keeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mstar.graph import Node, RequestState
+
+# What Qwen3's chat template renders for one user turn with add_generation_prompt=True and
+# enable_thinking=True (used when a tokenizer carries no template, e.g. the fallback tokenizer).
+QWEN3_USER_TURN = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+PROMPT_EMBEDS = "prompt_embeds"
+NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
+
+
+def chat_text(tokenizer: Any, prompt: str) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=True
+        )
+    return QWEN3_USER_TURN.format(prompt=prompt)
+
+
+class PromptEncoder:
+    """Qwen3Model + tokenizer -> one [num_tokens, hidden] embedding per prompt.
+
+    Prompts of a batch are right-padded to the longest one (the pipeline pads to 512): with a causal
+    model and right padding the kept tokens see exactly what they see in the pipeline."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, device: torch.device | str, max_sequence_length: int = 512
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_sequence_length = max_sequence_length
+
+    def tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids [B, L], attention_mask [B, L] bool), right padded."""
+        texts = [chat_text(self.tokenizer, prompt) for prompt in prompts]
+        if hasattr(self.tokenizer, "padding_side"):
+            self.tokenizer.padding_side = "right"
+        encoded = self.tokenizer(
+            texts,
+            padding="longest",
+            max_length=self.max_sequence_length,
+            truncation=True,
+            return_tensors="pt",
+        )
+        return encoded["input_ids"].to(self.device), encoded["attention_mask"].to(self.device).bool()
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> list[torch.Tensor]:
+        input_ids, mask = self.tokenize(prompts)
+        hidden = self.model(
+            input_ids=input_ids, attention_mask=mask, output_hidden_states=True
+        ).hidden_states[-2]
+        return [hidden[i][mask[i]] for i in range(len(prompts))]  # [num_tokens_i, hidden]
+
+
+def uses_guidance(params: dict[str, Any]) -> bool:
+    """The pipeline runs classifier-free guidance whenever guidance_scale > 0."""
+    return float(params.get("guidance_scale") or 0.0) > 0.0
+
+
+class TextEncoderNode(Node):
+    """Encodes every prompt of the batch (and negative prompts under guidance) in one forward."""
+
+    def __init__(self, encoder: PromptEncoder, name: str = "text_encoder", max_batch_size: int = 8):
+        self.encoder = encoder
+        self.name = name
+        self.max_batch_size = max_batch_size
+
+    def forward(self, batch: list[RequestState]) -> None:
+        prompts: list[str] = []
+        targets: list[tuple[RequestState, str]] = []
+        for request in batch:
+            prompts.append(request.params["prompt"])
+            targets.append((request, PROMPT_EMBEDS))
+            if uses_guidance(request.params):
+                prompts.append(request.params.get("negative_prompt") or "")
+                targets.append((request, NEGATIVE_PROMPT_EMBEDS))
+        for (request, key), embeds in zip(targets, self.encoder.encode(prompts), strict=True):
+            request.tensors[key] = embeds
+
+
+def build_qwen3(
+    config: dict[str, Any], device: str, dtype: torch.dtype, path: str | None = None, seed: int = 0
+):
+    """Qwen3Model from a diffusers `text_encoder/` folder, or with seeded random weights built on the
+    device from `config` (the real Qwen3-4B config for benchmarks)."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    if path is not None:
+        model = Qwen3Model.from_pretrained(path, dtype=dtype)
+        return model.to(device).eval().requires_grad_(False)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3Model._from_config(Qwen3Config(**config), dtype=dtype)
+    return model.eval().requires_grad_(False)
