@@ -1,0 +1,280 @@
+"""`mstar serve [MODEL]`, `mstar generate MODEL --prompt ... -o out.png|out.mp4`, `mstar bench ...`.
+
+Heavy imports (uvicorn, the runtime, Pillow/PyAV) happen inside the commands so `mstar --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from mstar.errors import InvalidParam, UnknownModel
+
+IMAGE_SUFFIXES = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".webp": "webp"}
+VIDEO_SUFFIXES = {".mp4"}
+API_KEY_ENV = "MSTAR_API_KEY"
+
+
+class ProgressBars:
+    """One tqdm bar per label ("load dit", "warmup", "denoise") fed by (label, done, total) callbacks."""
+
+    def __init__(self) -> None:
+        self._bars: dict[str, Any] = {}
+
+    def update(self, label: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        bar = self._bars.get(label)
+        if bar is None:
+            bar = self._bars[label] = tqdm(total=total, desc=label, unit="step", leave=True, file=sys.stderr)
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+        if done >= total:
+            bar.close()
+            del self._bars[label]
+
+    def close(self) -> None:
+        for bar in self._bars.values():
+            bar.close()
+        self._bars.clear()
+
+
+def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", help="server config (flags override its keys)")
+    parser.add_argument("--model-path", help="checkpoint folder in the diffusers layout")
+    parser.add_argument(
+        "--random-weights", action="store_true", default=None, help="seeded random weights (benchmarks)"
+    )
+    parser.add_argument("--device", help="cpu, cuda or cuda:N")
+    parser.add_argument("--attention-backend", choices=["auto", "fa3", "flashinfer", "torch"])
+    parser.add_argument("--compile-mode", choices=["deterministic", "default", "max-autotune", "off"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mstar", description="Serve composite generative models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="start the HTTP server")
+    serve.add_argument("model", nargs="?", help="model name (default: the config's, else tiny-digits)")
+    _add_runtime_flags(serve)
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--api-key", help=f"guard /v1 and /generate (or set {API_KEY_ENV})")
+    serve.set_defaults(handler=serve_command)
+
+    generate = commands.add_parser("generate", help="run one job without an HTTP server")
+    generate.add_argument("model", help="model name")
+    _add_runtime_flags(generate)
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument(
+        "-o", "--output", required=True, help="out.png|.jpg|.webp for images, out.mp4 for videos"
+    )
+    generate.add_argument("--negative-prompt")
+    generate.add_argument("--size", help="WIDTHxHEIGHT")
+    generate.add_argument("--num-frames", type=int)
+    generate.add_argument("--fps", type=int)
+    generate.add_argument("--seconds", type=float)
+    generate.add_argument("--steps", type=int, dest="num_inference_steps")
+    generate.add_argument("--guidance-scale", type=float)
+    generate.add_argument("--seed", type=int)
+    generate.add_argument("--image", help="reference image for image-to-video")
+    generate.set_defaults(handler=generate_command)
+
+    commands.add_parser("bench", help="serving benchmarks (see `mstar bench --help`)", add_help=False)
+    return parser
+
+
+def load_server_config(args: argparse.Namespace) -> Any:
+    from mstar.config import load_config
+
+    overrides = {
+        "model": args.model,
+        "model_path": args.model_path,
+        "random_weights": args.random_weights,
+        "device": args.device,
+        "attention_backend": args.attention_backend,
+        "compile_mode": args.compile_mode,
+    }
+    if args.command == "serve":
+        overrides.update(host=args.host, port=args.port, api_key=args.api_key or os.environ.get(API_KEY_ENV))
+    return load_config(args.config, **overrides)
+
+
+def echo_config(config: Any) -> None:
+    import yaml
+
+    shown = config.model_dump()
+    if shown.get("api_key"):
+        shown["api_key"] = "<set>"
+    print("mstar config:\n" + yaml.safe_dump(shown, sort_keys=False).rstrip(), flush=True)
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """Bind before the (slow) boot so a busy port fails at once; port 0 picks a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _boot(runtime: Any) -> None:
+    bars = ProgressBars()
+    try:
+        await runtime.start(on_progress=bars.update)
+    finally:
+        bars.close()
+
+
+async def _serve(config: Any, spec: Any, sock: socket.socket) -> int:
+    import uvicorn
+
+    from mstar.api.app import create_app
+    from mstar.api.metrics import PrometheusMetrics
+    from mstar.runtime.runtime import Runtime
+
+    metrics = PrometheusMetrics(spec.name)
+    runtime = Runtime(config, spec, metrics)
+    try:
+        await _boot(runtime)
+    except Exception as error:
+        print(f"mstar: boot failed: {error}", file=sys.stderr, flush=True)
+        await runtime.shutdown()
+        return 1
+    app = create_app(config, spec, runtime, metrics=metrics)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    host, port = sock.getsockname()[:2]
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        print(f"mstar: serving '{spec.name}' on http://{host}:{port} (OpenAI API under /v1)", flush=True)
+
+    announcer = asyncio.create_task(announce())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        announcer.cancel()
+        await runtime.shutdown()
+    return 0
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from mstar.models.registry import get_model_spec
+
+    config = load_server_config(args)
+    echo_config(config)
+    spec = get_model_spec(config.model)
+    try:
+        sock = _listening_socket(config.host, config.port)
+    except OSError as error:
+        print(f"mstar: cannot listen on {config.host}:{config.port}: {error}", file=sys.stderr)
+        return 1
+    with sock:
+        return asyncio.run(_serve(config, spec, sock))
+
+
+def _generation_params(args: argparse.Namespace) -> Any:
+    from mstar.api.schemas import parse_size
+    from mstar.graph import GenerationParams
+
+    width, height = parse_size(args.size)
+    return GenerationParams(
+        prompt=args.prompt,
+        negative_prompt=args.negative_prompt,
+        width=width,
+        height=height,
+        num_frames=args.num_frames,
+        fps=args.fps,
+        seconds=args.seconds,
+        num_inference_steps=args.num_inference_steps,
+        guidance_scale=args.guidance_scale,
+        seed=args.seed,
+        has_input_reference=args.image is not None,
+    )
+
+
+def _check_output_path(path: Path, output_kind: str) -> None:
+    suffixes = VIDEO_SUFFIXES if output_kind == "video" else set(IMAGE_SUFFIXES)
+    if path.suffix.lower() not in suffixes:
+        raise InvalidParam("output", f"this model makes {output_kind}s: use one of {sorted(suffixes)}")
+
+
+def _encode_output(frames: Any, path: Path, output_kind: str, params: dict[str, Any]) -> bytes:
+    from mstar.api.media import encode_image, encode_mp4
+
+    if output_kind == "video":
+        return encode_mp4(frames, int(params.get("fps") or 16))
+    return encode_image(frames[0], IMAGE_SUFFIXES[path.suffix.lower()])
+
+
+async def _generate(config: Any, spec: Any, params: dict[str, Any], inputs: dict | None) -> Any:
+    from mstar.runtime.runtime import Runtime
+
+    runtime = Runtime(config, spec)
+    try:
+        await _boot(runtime)
+        handle = runtime.submit(params, inputs, timeout_s=config.request_timeout_s)
+        bars = ProgressBars()
+        async for event in handle.events():
+            if hasattr(event, "outputs"):
+                bars.close()
+                return event.outputs[spec.output_tensor]
+            if hasattr(event, "kind"):
+                bars.close()
+                raise RuntimeError(f"generation failed ({event.kind}): {event.message}")
+            bars.update("denoise", event.step, event.total)
+        raise RuntimeError("generation ended without a result")
+    finally:
+        await runtime.shutdown()
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from mstar.models.registry import get_model_spec
+
+    config = load_server_config(args)
+    spec = get_model_spec(config.model)
+    output = Path(args.output)
+    _check_output_path(output, spec.output_kind)
+    params = spec.validate(_generation_params(args))
+    inputs = None
+    if args.image is not None:
+        from mstar.api.media import decode_image
+
+        inputs = {"input_reference": decode_image(Path(args.image).read_bytes(), "image")}
+    try:
+        frames = asyncio.run(_generate(config, spec, params, inputs))
+    except RuntimeError as error:
+        print(f"mstar: {error}", file=sys.stderr)
+        return 1
+    output.write_bytes(_encode_output(frames, output, spec.output_kind, params))
+    print(f"mstar: wrote {output}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "bench":
+        from mstar.bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (InvalidParam, UnknownModel, ValueError, FileNotFoundError) as error:
+        print(f"mstar: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
