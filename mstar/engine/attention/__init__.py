@@ -9,8 +9,21 @@ attention label once per step and runs it in every layer:
     out = attn.run("self", q, k, v)   # q [Tq, H, D], k/v [Tkv, H, D] -> [Tq, H, D]
 """
 
-from mstar.engine.attention.layout import AttentionLayout
-from mstar.engine.attention.ragged import RaggedAttention, build_attention
+from mstar.engine.attention.build import backend_candidates, build_attention, check_against_reference
+from mstar.engine.attention.layout import AttentionLayout, DeviceLayout
+from mstar.engine.attention.platform import Platform
+from mstar.engine.attention.ragged import RaggedAttention
 from mstar.engine.attention.reference import reference_attention
+from mstar.engine.attention.wrapper import PlanWrapper
 
-__all__ = ["AttentionLayout", "RaggedAttention", "build_attention", "reference_attention"]
+__all__ = [
+    "AttentionLayout",
+    "DeviceLayout",
+    "PlanWrapper",
+    "Platform",
+    "RaggedAttention",
+    "backend_candidates",
+    "build_attention",
+    "check_against_reference",
+    "reference_attention",
+]

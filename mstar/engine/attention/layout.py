@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -74,3 +78,39 @@ def _cumulative(lens: tuple[int, ...]) -> list[int]:
     for n in lens:
         offsets.append(offsets[-1] + n)
     return offsets
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceLayout:
+    """A layout whose offsets already live on the device (built by a kernel, not by the host).
+
+    Planning it always does the work: comparing it with the last plan would read the device and
+    sync the stream. The host still supplies the maxima and totals, which kernels need as ints.
+    """
+
+    cu_seqlens_q: torch.Tensor  # int32 [num_segments + 1]
+    cu_seqlens_kv: torch.Tensor  # int32 [num_segments + 1]
+    max_q_len: int
+    max_kv_len: int
+    total_q: int
+    total_kv: int
+    causal: bool = False
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.cu_seqlens_q.shape[0]) - 1
+
+    def host_lens(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Segment lengths read back to the host (syncs a CUDA stream: fallback paths only)."""
+        cu_q = self.cu_seqlens_q.tolist()
+        cu_kv = self.cu_seqlens_kv.tolist()
+        q_lens = tuple(b - a for a, b in zip(cu_q[:-1], cu_q[1:], strict=True))
+        kv_lens = tuple(b - a for a, b in zip(cu_kv[:-1], cu_kv[1:], strict=True))
+        return q_lens, kv_lens
+
+    def to_host_layout(self) -> AttentionLayout:
+        q_lens, kv_lens = self.host_lens()
+        return AttentionLayout(q_lens=q_lens, kv_lens=kv_lens, causal=self.causal)
+
+
+AnyLayout = AttentionLayout | DeviceLayout

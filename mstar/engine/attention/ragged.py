@@ -1,38 +1,177 @@
-"""Minimal first version: torch backend only (SDPA per segment). Replaced by the full backends."""
+"""RaggedAttention: per label, a ring of plan slots; plan once per step, run in every layer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from mstar.engine.attention.layout import AttentionLayout
-from mstar.engine.attention.reference import reference_attention
+from mstar.engine.attention.backends import AttentionBackend
+from mstar.engine.attention.layout import AnyLayout, AttentionLayout
+from mstar.engine.attention.op import register_instance
+from mstar.engine.attention.wrapper import PlanWrapper
+
+DEFAULT_NUM_SLOTS = 2
+
+
+@dataclass
+class _LabelSlots:
+    wrappers: list[PlanWrapper]
+    active: int | None = None  # the slot run() uses
+    pending: int | None = None  # a pre-planned slot waiting for promote() or drop()
+    name: str = field(default="")
 
 
 class RaggedAttention:
-    """plan(label, layout) once per step, run(label, q, k, v) in every layer."""
+    """One attention resource: `plan(label, layout)` once per step, `run(label, q, k, v)` per layer.
 
-    def __init__(self, backend_name: str, device: torch.device, dtype: torch.dtype) -> None:
-        self.backend_name = backend_name
+    Each label ("self", "cross", ...) owns `num_slots` wrappers of the backend. plan() reuses the
+    slot that already holds the layout (no work at all) or fills the next slot and makes it
+    active, so the slot the running step reads is not the one being planned. preplan() plans the
+    next step's layout into a non-active slot while the current step runs; promote() makes it
+    active when that step starts, drop() forgets it when that step does not run.
+    """
+
+    def __init__(
+        self,
+        backend: AttentionBackend,
+        device: torch.device,
+        dtype: torch.dtype,
+        workspace: torch.Tensor | None = None,
+        num_slots: int = DEFAULT_NUM_SLOTS,
+        cuda_graph: bool = False,
+    ) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.backend = backend
+        self.backend_name = backend.name
         self.device = device
         self.dtype = dtype
-        self._layouts: dict[str, AttentionLayout] = {}
+        self.workspace = workspace
+        self.num_slots = num_slots
+        self.cuda_graph = cuda_graph
+        self._slots_by_label: dict[str, _LabelSlots] = {}
+        self._label_ids: dict[str, int] = {}
+        self._slots_by_id: list[_LabelSlots] = []
+        self._instance_id = register_instance(self)
 
-    def plan(self, label: str, layout: AttentionLayout) -> None:
-        self._layouts[label] = layout
+    def __repr__(self) -> str:
+        return f"RaggedAttention(backend={self.backend.version!r}, device={self.device}, dtype={self.dtype})"
+
+    # ---- planning (host side, once per step) ----
+
+    def plan(self, label: str, layout: AnyLayout) -> None:
+        """Make `layout` the plan run(label, ...) uses from now on."""
+        slots = self._slots(label)
+        if slots.pending is not None:
+            if _holds(slots.wrappers[slots.pending], layout):
+                self.promote(label)
+                return
+            self.drop(label)
+        target = self._slot_holding(slots, layout)
+        if target is None:
+            target = self._next_slot(slots)
+        slots.active = None  # a plan that raises leaves the label unplanned, not stale
+        slots.wrappers[target].plan(layout)
+        slots.active = target
+
+    def preplan(self, label: str, layout: AnyLayout) -> None:
+        """Plan the next step's layout without touching the plan the current step runs."""
+        slots = self._slots(label)
+        if slots.pending is not None:
+            self.drop(label)
+        if slots.active is not None and _holds(slots.wrappers[slots.active], layout):
+            slots.pending = slots.active  # same layout: the running plan serves the next step too
+            return
+        target = self._slot_holding(slots, layout)
+        if target is None:
+            target = self._next_slot(slots)
+        if target == slots.active:
+            raise ValueError(f"attention label '{label}': pre-planning a new layout needs num_slots >= 2")
+        slots.wrappers[target].plan(layout)
+        slots.pending = target
+
+    def promote(self, label: str) -> None:
+        """The pre-planned step starts: its slot becomes the one run() uses."""
+        slots = self._slots(label)
+        if slots.pending is None:
+            raise RuntimeError(f"attention label '{label}': promote() without a pre-plan")
+        slots.active, slots.pending = slots.pending, None
+
+    def drop(self, label: str) -> None:
+        """The pre-planned step will not run: forget its layout so the next plan stages again."""
+        slots = self._slots(label)
+        if slots.pending is None:
+            return
+        if slots.pending != slots.active:
+            slots.wrappers[slots.pending].forget()
+        slots.pending = None
+
+    def discard(self, label: str) -> None:
+        """Forget every plan of a label (its wrappers stay for reuse)."""
+        slots = self._slots_by_label.get(label)
+        if slots is None:
+            return
+        for wrapper in slots.wrappers:
+            wrapper.forget()
+        slots.active = slots.pending = None
+
+    # ---- running (every layer; traceable) ----
 
     def run(self, label: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if label not in self._layouts:
-            raise RuntimeError(f"attention label '{label}' was never planned")
-        return reference_attention(q, k, v, self._layouts[label])
+        """q [Tq, H, D], k [Tkv, Hkv, D], v [Tkv, Hkv, Dv], packed segment after segment -> [Tq, H, Dv]."""
+        label_id = self._label_ids.get(label)
+        if label_id is None:
+            raise RuntimeError(f"attention label '{label}' was never planned; call plan() first")
+        return torch.ops.mstar.ragged_attention(q, k, v, self._instance_id, label_id)
+
+    def run_active(self, label_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The eager body of the custom op: the label's active wrapper runs the kernel."""
+        slots = self._slots_by_id[label_id]
+        if slots.active is None:
+            raise RuntimeError(
+                f"attention label '{slots.name}' has no plan (never planned, or its plan failed)"
+            )
+        return slots.wrappers[slots.active].run(q, k, v)
+
+    # ---- introspection (tests, benchmarks, metrics) ----
+
+    def wrappers(self, label: str) -> list[PlanWrapper]:
+        return list(self._slots(label).wrappers)
+
+    def active_slot(self, label: str) -> int | None:
+        return self._slots(label).active
+
+    def pending_slot(self, label: str) -> int | None:
+        return self._slots(label).pending
+
+    @property
+    def num_kernel_plans(self) -> int:
+        return sum(w.num_kernel_plans for s in self._slots_by_id for w in s.wrappers)
+
+    # ---- internals ----
+
+    def _slots(self, label: str) -> _LabelSlots:
+        slots = self._slots_by_label.get(label)
+        if slots is None:
+            captured = self.cuda_graph
+            wrappers = [self.backend.make_wrapper(captured) for _ in range(self.num_slots)]
+            slots = _LabelSlots(wrappers=wrappers, name=label)
+            self._slots_by_label[label] = slots
+            self._label_ids[label] = len(self._slots_by_id)
+            self._slots_by_id.append(slots)
+        return slots
+
+    def _slot_holding(self, slots: _LabelSlots, layout: AnyLayout) -> int | None:
+        for index, wrapper in enumerate(slots.wrappers):
+            if _holds(wrapper, layout):
+                return index
+        return None
+
+    def _next_slot(self, slots: _LabelSlots) -> int:
+        return 0 if slots.active is None else (slots.active + 1) % self.num_slots
 
 
-def build_attention(
-    backend: str = "auto",
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    flashinfer_backend: str = "auto",
-    workspace_mb: int = 512,
-) -> RaggedAttention:
-    if backend not in ("auto", "torch"):
-        raise ValueError(f"attention backend '{backend}' is not available yet (device {device})")
-    return RaggedAttention("torch", torch.device(device), dtype)
+def _holds(wrapper: PlanWrapper, layout: AnyLayout) -> bool:
+    """Only host layouts can match; a device layout is never compared."""
+    return isinstance(layout, AttentionLayout) and wrapper.planned_layout == layout

@@ -17,7 +17,7 @@ def reference_attention(
     when q and kv lengths differ.
     """
     _check_shapes(q, k, v, layout)
-    out = torch.empty_like(q)
+    out = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))  # [Tq, H, Dv]
     q_start = kv_start = 0
     for q_len, kv_len in zip(layout.q_lens, layout.kv_lens, strict=True):
         # [S, H, D] -> [1, H, S, D] for SDPA
