@@ -1,0 +1,220 @@
+"""The Wan VAE (Wan2.2-TI2V-5B's 4x16x16 one, and Wan 2.1's 4x8x8), plain PyTorch.
+
+State-dict keys equal diffusers' AutoencoderKLWan, so a diffusers `vae/` folder loads directly.
+Decoding runs one latent frame at a time with causal frame caches exactly as diffusers does
+(frame 0 -> 1 video frame, every later latent frame -> 4), so outputs match diffusers.
+
+    vae = load_wan_vae("ckpt/vae", device="cuda", dtype=torch.bfloat16)
+    video = vae.decode(denormalize_latents(latents, vae.config))   # [B, 3, F, H, W] in [-1, 1]
+    decoder = decoder_only(vae); del vae                            # serving keeps only this
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mstar.models.wan22.vae_blocks import CausalConv3d, FrameCache
+from mstar.models.wan22.vae_coders import Decoder3d, Encoder3d, patchify, unpatchify
+from mstar.models.wan22.vae_config import WanVAEConfig
+
+ENCODE_CHUNK_FRAMES = 4  # frames per encoder call after the first frame (diffusers hard-codes 4)
+_WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+
+
+def _build_decoder(config: WanVAEConfig) -> Decoder3d:
+    return Decoder3d(
+        dim=config.decoder_dim,
+        z_dim=config.z_dim,
+        dim_mult=config.dim_mult,
+        num_res_blocks=config.num_res_blocks,
+        temporal_upsample=config.temporal_upsample,
+        out_channels=config.out_channels,
+        is_residual=config.is_residual,
+    )
+
+
+def _build_encoder(config: WanVAEConfig) -> Encoder3d:
+    return Encoder3d(
+        in_channels=config.in_channels,
+        dim=config.base_dim,
+        z_dim=config.z_dim * 2,  # mean and log-variance
+        dim_mult=config.dim_mult,
+        num_res_blocks=config.num_res_blocks,
+        temporal_downsample=config.temperal_downsample,
+        is_residual=config.is_residual,
+    )
+
+
+class _LatentDecoding:
+    """Decode methods shared by the full VAE and the decoder-only serving copy."""
+
+    config: WanVAEConfig
+    post_quant_conv: CausalConv3d
+    decoder: Decoder3d
+
+    def decode_chunk(
+        self, x: torch.Tensor, previous_tails: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One latent frame after post_quant_conv, x [B, z, 1, h, w] -> (frames, tails).
+
+        frames: [B, out_channels, f, h*s/p, w*s/p], still patchified; f = 1 for the first chunk
+        (previous_tails None), 4 afterwards. Pass the returned tails to the next chunk.
+        """
+        cache = FrameCache(previous_tails)
+        frames = self.decoder(x, cache)
+        return frames, cache.tails
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Un-normalised latents [B, z, F', H', W'] -> video [B, 3, 1 + 4(F'-1), H, W] in [-1, 1]."""
+        self._check_latents(latents)
+        x = self.post_quant_conv(latents)
+        tails = None
+        chunks = []
+        for index in range(x.shape[2]):
+            frames, tails = self.decode_chunk(x[:, :, index : index + 1], tails)
+            chunks.append(frames)
+        video = unpatchify(torch.cat(chunks, dim=2), self.config.patch)
+        return video.clamp(-1.0, 1.0)
+
+    def _check_latents(self, latents: torch.Tensor) -> None:
+        if latents.dim() != 5 or latents.shape[1] != self.config.z_dim:
+            raise ValueError(f"latents must be [B, {self.config.z_dim}, F, H, W], got {tuple(latents.shape)}")
+
+
+class WanVAE(_LatentDecoding, nn.Module):
+    """Encoder + decoder with diffusers AutoencoderKLWan's state-dict keys."""
+
+    def __init__(self, config: WanVAEConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = _build_encoder(config)
+        self.quant_conv = CausalConv3d(config.z_dim * 2, config.z_dim * 2, 1)
+        self.post_quant_conv = CausalConv3d(config.z_dim, config.z_dim, 1)
+        self.decoder = _build_decoder(config)
+
+    def encode(self, video: torch.Tensor) -> torch.Tensor:
+        """Video [B, 3, 1 + 4k, H, W] in [-1, 1] -> latent mean [B, z, 1 + k, H/s, W/s] (un-normalised).
+
+        For image-to-video pass the first frame alone ([B, 3, 1, H, W]).
+        """
+        num_frames = video.shape[2]
+        if video.dim() != 5 or (num_frames - 1) % ENCODE_CHUNK_FRAMES != 0:
+            raise ValueError(f"video must be [B, C, 1 + 4k, H, W], got {tuple(video.shape)}")
+        x = patchify(video, self.config.patch)
+        tails = None
+        chunks = []
+        for start in [0, *range(1, num_frames, ENCODE_CHUNK_FRAMES)]:
+            stop = 1 if start == 0 else start + ENCODE_CHUNK_FRAMES
+            cache = FrameCache(tails)
+            chunks.append(self.encoder(x[:, :, start:stop], cache))
+            tails = cache.tails
+        moments = self.quant_conv(torch.cat(chunks, dim=2))  # [B, 2z, F', H', W']: mean, log-variance
+        return moments[:, : self.config.z_dim]
+
+
+class WanVAEDecoder(_LatentDecoding, nn.Module):
+    """Serving copy: post_quant_conv + decoder only (same keys as in the full VAE)."""
+
+    def __init__(self, config: WanVAEConfig, post_quant_conv: CausalConv3d | None = None, decoder=None):
+        super().__init__()
+        self.config = config
+        if post_quant_conv is None:
+            post_quant_conv = CausalConv3d(config.z_dim, config.z_dim, 1)
+        self.post_quant_conv = post_quant_conv
+        self.decoder = decoder if decoder is not None else _build_decoder(config)
+
+
+def decoder_only(vae: WanVAE) -> WanVAEDecoder:
+    """The decoder half of `vae`, sharing its modules; drop `vae` to free the encoder."""
+    return WanVAEDecoder(vae.config, vae.post_quant_conv, vae.decoder)
+
+
+def _latent_stats(config: WanVAEConfig, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(config.latents_mean) != config.z_dim or len(config.latents_std) != config.z_dim:
+        raise ValueError(f"latents_mean/latents_std need {config.z_dim} entries")
+    shape = (1, config.z_dim, 1, 1, 1)
+    mean = torch.tensor(config.latents_mean).view(shape).to(like.device, like.dtype)
+    recip_std = 1.0 / torch.tensor(config.latents_std).view(shape).to(like.device, like.dtype)
+    return mean, recip_std
+
+
+def denormalize_latents(latents: torch.Tensor, config: WanVAEConfig) -> torch.Tensor:
+    """Diffusion-space latents -> VAE latents (the decode input), with diffusers' exact arithmetic."""
+    mean, recip_std = _latent_stats(config, latents)
+    return latents / recip_std + mean
+
+
+def normalize_latents(latents: torch.Tensor, config: WanVAEConfig) -> torch.Tensor:
+    """VAE latents (the encode output) -> diffusion-space latents, as diffusers' I2V pipeline."""
+    mean, recip_std = _latent_stats(config, latents)
+    return (latents - mean) * recip_std
+
+
+def _weight_files(vae_dir: Path) -> list[Path]:
+    index_path = vae_dir / f"{_WEIGHTS_NAME}.index.json"
+    if index_path.exists():
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        return [vae_dir / name for name in sorted(set(weight_map.values()))]
+    single = vae_dir / _WEIGHTS_NAME
+    if not single.exists():
+        raise FileNotFoundError(f"no {_WEIGHTS_NAME} (or its .index.json) in {vae_dir}")
+    return [single]
+
+
+def _read_tensors(vae_dir: Path, wanted: set[str], device: str) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """The wanted tensors straight onto `device`, and the names of the others in the files."""
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    others: set[str] = set()
+    for path in _weight_files(vae_dir):
+        with safe_open(str(path), framework="pt", device=device) as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if name in wanted:
+                    tensors[name] = f.get_tensor(name)
+                else:
+                    others.add(name)
+    return tensors, others
+
+
+def load_state_dict_strict(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """Assign `tensors` (cast to dtype) as model's parameters; errors name the offending tensor."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise ValueError(f"Wan VAE checkpoint is missing {len(missing)} tensors, e.g. '{missing[0]}'")
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ValueError(
+                f"Wan VAE tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict({name: t.to(dtype) for name, t in tensors.items()}, strict=True, assign=True)
+
+
+def load_wan_vae(
+    vae_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, decoder_only: bool = False
+) -> WanVAE | WanVAEDecoder:
+    """Build from a diffusers `vae/` folder (config.json + safetensors) straight onto device/dtype.
+
+    decoder_only=True reads just post_quant_conv and decoder tensors (the serving copy).
+    """
+    vae_dir = Path(vae_dir)
+    config = WanVAEConfig.from_json_file(vae_dir / "config.json")
+    with torch.device("meta"):
+        model = WanVAEDecoder(config) if decoder_only else WanVAE(config)
+    tensors, others = _read_tensors(vae_dir, set(model.state_dict()), device)
+    unexpected = sorted(others) if not decoder_only else sorted(n for n in others if not _is_encoder_key(n))
+    if unexpected:
+        raise ValueError(
+            f"Wan VAE checkpoint has {len(unexpected)} unexpected tensors, e.g. '{unexpected[0]}'"
+        )
+    load_state_dict_strict(model, tensors, dtype)
+    return model.eval().requires_grad_(False)
+
+
+def _is_encoder_key(name: str) -> bool:
+    return name.startswith(("encoder.", "quant_conv."))
