@@ -27,4 +27,10 @@ class Overloaded(RuntimeError):
 
 
 class RequestFailed(RuntimeError):
-    """A request failed inside the runtime. The client sees a generic message; the log has details."""
+    """A request failed inside the runtime. The client sees a generic message; the log has details.
+    `kind` is one of "error", "aborted", "timeout", "worker_died"."""
+
+    def __init__(self, message: str = "request failed", kind: str = "error"):
+        super().__init__(message)
+        self.message = message
+        self.kind = kind

@@ -22,8 +22,25 @@ def model_names() -> list[str]:
 
 
 def get_model_spec(name: str) -> ModelSpec:
+    """A registered name, or "package.module:SpecClass" (any importable ModelSpec subclass)."""
     target = MODELS.get(name)
+    if target is None and ":" in name:
+        target = name
     if target is None:
         raise UnknownModel(name)
-    module_name, class_name = target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+    module_name, class_name = target.split(":", 1)
+    try:
+        spec_class = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        if name in MODELS:
+            raise
+        raise UnknownModel(name) from exc
+    if not (isinstance(spec_class, type) and issubclass(spec_class, ModelSpec)):
+        raise UnknownModel(name)
+    return spec_class()
+
+
+def spec_path(spec: ModelSpec) -> str:
+    """The "module:Class" that get_model_spec resolves back to this spec's class."""
+    spec_class = type(spec)
+    return f"{spec_class.__module__}:{spec_class.__qualname__}"
