@@ -95,7 +95,9 @@ def build_diffusers_transformer(
     torch.manual_seed(seed)
     with torch.device(device):
         model = model_class(**transformer_config)
-    return model.to(dtype=dtype).eval().requires_grad_(False)
+    from mstar.bench.ours import cast_parameters
+
+    return cast_parameters(model, dtype, model_class._keep_in_fp32_modules).eval().requires_grad_(False)
 
 
 def diffusers_forward(family: str, model: Any, items: list[dict]) -> list[Any]:
@@ -128,6 +130,8 @@ def relative_error(ours: list[Any], reference: list[Any]) -> float:
     """||ours - reference|| / ||reference|| over all items, in float32."""
     import torch
 
-    diff = sum(float((a.float() - b.float()).pow(2).sum()) for a, b in zip(ours, reference, strict=True))
-    norm = sum(float(b.float().pow(2).sum()) for b in reference)
+    # Shapes may differ by a unit frame axis (Z-Image: ours [C, H, W], diffusers [C, 1, H, W]).
+    pairs = [(a.float().reshape(b.shape), b.float()) for a, b in zip(ours, reference, strict=True)]
+    diff = sum(float((a - b).pow(2).sum()) for a, b in pairs)
+    norm = sum(float(b.pow(2).sum()) for _, b in pairs)
     return (diff / max(norm, 1e-30)) ** 0.5 if torch.isfinite(torch.tensor(diff)) else float("inf")

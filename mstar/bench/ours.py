@@ -7,6 +7,7 @@ so the benchmark still runs (diffusers only, saying so) when the engine or a mod
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable
@@ -19,36 +20,60 @@ class OursUnavailable(RuntimeError):
     """Our DiT cannot be built here; the message says why (missing module, backend, ...)."""
 
 
-def _dit_class(family: str) -> type:
+def _dit_module(family: str) -> Any:
     module_name = DIT_MODULES[family]
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ImportError as error:
         raise OursUnavailable(f"{module_name} is not importable: {error}") from error
+
+
+def _dit_class(module: Any) -> type:
+    """The module's nn.Module whose name ends in DiT (WanDiT, ZImageDiT)."""
     import torch
 
-    # The DiT is the module's nn.Module whose name ends in DiT or Transformer (e.g. WanDiT).
-    candidates = [
-        obj
-        for name, obj in vars(module).items()
-        if inspect.isclass(obj)
-        and issubclass(obj, torch.nn.Module)
-        and obj.__module__ == module_name
-        and name.lower().endswith(("dit", "transformer"))
-    ]
-    if not candidates:
-        raise OursUnavailable(f"{module_name} defines no DiT class (a torch.nn.Module named *DiT)")
-    return candidates[0]
+    for name, obj in vars(module).items():
+        if inspect.isclass(obj) and issubclass(obj, torch.nn.Module) and name.endswith("DiT"):
+            return obj
+    raise OursUnavailable(f"{module.__name__} defines no DiT class (a torch.nn.Module named *DiT)")
 
 
-def _construct(dit_class: type, config: dict[str, Any]) -> Any:
-    """Built from the diffusers config: `from_config(dict)` when offered, else keyword arguments."""
+def _construct(module: Any, dit_class: type, config: dict[str, Any]) -> Any:
+    """Built from the diffusers config dict: `from_config(dict)`, else the module's *DiTConfig.from_dict."""
     if hasattr(dit_class, "from_config"):
         return dit_class.from_config(config)
-    accepted = inspect.signature(dit_class).parameters
-    if "config" in accepted:
-        return dit_class(config=config)
-    return dit_class(**{k: v for k, v in config.items() if k in accepted})
+    for name, obj in vars(module).items():
+        if name.endswith("DiTConfig") and hasattr(obj, "from_dict"):
+            return dit_class(obj.from_dict(config))
+    raise OursUnavailable(f"{dit_class.__name__}: no from_config and no *DiTConfig.from_dict to build it")
+
+
+def cast_parameters(model: Any, dtype: Any, keep_fp32: tuple[str, ...] | list[str] | None) -> Any:
+    """Parameters to `dtype`, except modules named in `keep_fp32` (diffusers' _keep_in_fp32_modules
+    rule, as from_pretrained(torch_dtype=...) applies it); buffers (rotary tables) are left as built."""
+    import torch
+
+    keep = set(keep_fp32 or ())
+    for name, param in model.named_parameters():
+        target = torch.float32 if keep.intersection(name.split(".")) else dtype
+        if param.is_floating_point() and param.dtype != target:
+            param.data = param.data.to(target)
+    return model
+
+
+def to_inputs(module: Any, items: list[dict]) -> list[Any]:
+    """The benchmark's item dicts as the DiT's input objects (its DiTInput), when it has one."""
+    input_class = getattr(module, "DiTInput", None)
+    if input_class is None:
+        return items
+    if hasattr(input_class, "of"):
+        return [input_class.of(item) for item in items]
+    names = {f.name for f in dataclasses.fields(input_class)}
+    text_field = "text" if "text" in names else "caption"
+    return [
+        input_class(latents=i["latents"], timestep=float(i["timestep"]), **{text_field: i["text"]})
+        for i in items
+    ]
 
 
 def build_ours(
@@ -61,30 +86,31 @@ def build_ours(
     compile_mode: str,
     seed: int = 0,
 ) -> Callable[[list[dict]], list[Any]]:
-    """A callable items -> outputs (one [C, F, h, w] per item) running our DiT with the given
+    """A callable items -> outputs (one per item) running our DiT with the given
     attention backend and compile mode (the engine's own compile path)."""
     import torch
 
-    dit_class = _dit_class(family)
+    module = _dit_module(family)
+    dit_class = _dit_class(module)
     try:
         from mstar.engine.attention import build_attention
 
         attn = build_attention(backend=attention_backend, device=device, dtype=dtype)
     except (ImportError, ValueError) as error:
         raise OursUnavailable(f"attention backend '{attention_backend}': {error}") from error
-    if state_dict is None:  # no diffusers here: our own seeded init, built on the device
-        torch.manual_seed(seed)
-        with torch.device(device):
-            dit = _construct(dit_class, config)
-    else:
-        with torch.device("meta"):
-            dit = _construct(dit_class, config)
-        dit.load_state_dict(state_dict, strict=True, assign=True)
-    dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    # Built on the device (not meta: a DiT may compute tables at init), then given diffusers' weights;
+    # without diffusers, our own seeded init stands.
+    torch.manual_seed(seed)
+    with torch.device(device):
+        dit = _construct(module, dit_class, config)
+    if state_dict is not None:
+        dit.load_state_dict(state_dict, strict=True)
+    keep_fp32 = getattr(dit, "fp32_param_patterns", None) or getattr(dit, "_keep_in_fp32_modules", None)
+    dit = cast_parameters(dit.to(device=device), dtype, keep_fp32).eval().requires_grad_(False)
     _apply_compile_mode(dit, compile_mode)
 
     def forward(items: list[dict]) -> list[Any]:
-        return _call(dit, attn, items)
+        return _call(dit, attn, to_inputs(module, items))
 
     return forward
 

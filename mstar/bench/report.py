@@ -34,6 +34,10 @@ def fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
 def _ratio(baseline: float | None, ours: float | None) -> str:
     if not baseline or not ours:
         return "-"
@@ -73,7 +77,7 @@ def step_table(result: dict[str, Any]) -> str:
                 f"| {entry['workload']} | {entry['num_tokens']} | {run_label(run)} | {fmt(run.get('median_ms'))} | "
                 f"{fmt(run.get('tflops'), 0)} | {fmt(run.get('roofline_fraction'))} | "
                 f"{_ratio(eager and eager.get('median_ms'), run.get('median_ms'))} | "
-                f"{fmt(run.get('rel_error'), 4) if run.get('rel_error') is not None else '-'} |"
+                f"{_sci(run.get('rel_error'))} |"
             )
     return "\n".join(lines)
 

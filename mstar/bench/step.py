@@ -162,14 +162,17 @@ def _run_ours(workload, configs, items, options, count, entry, notes, reference,
             except OursUnavailable as error:
                 notes.append(f"{workload.name}: ours ({mode}, {backend}) not run: {error}")
                 continue
-            with torch.inference_mode():
-                output = forward(items)
-                timing = time_forward(
-                    lambda forward=forward: forward(items),
-                    options.num_warmup,
-                    options.num_timed,
-                    options.device,
+            try:
+                with torch.inference_mode():
+                    output = forward(items)
+                    timing = time_forward(
+                        lambda f=forward: f(items), options.num_warmup, options.num_timed, options.device
+                    )
+            except Exception as error:  # one failing mode must not lose the other figures of the run
+                notes.append(
+                    f"{workload.name}: ours ({mode}, {backend}) failed: {type(error).__name__}: {error}"
                 )
+                continue
             run = {"impl": "mstar", "mode": mode, "attention_backend": backend, **timing}
             run["rel_error"] = dit_inputs.relative_error(output, reference) if reference is not None else None
             entry["runs"].append(_with_roofline(run, count))
