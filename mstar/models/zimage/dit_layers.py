@@ -164,8 +164,10 @@ class RopeTables:
     def __init__(self, theta: float, axes_dims: tuple[int, ...], axes_lens: tuple[int, ...]):
         self.tables: list[tuple[torch.Tensor, torch.Tensor]] = []
         for axis_dim, axis_len in zip(axes_dims, axes_lens, strict=True):
-            inv_freq = 1.0 / (theta ** (torch.arange(0, axis_dim, 2, dtype=torch.float64) / axis_dim))
-            positions = torch.arange(axis_len, dtype=torch.float64)
+            # Explicitly on the CPU: the model may be constructed under a meta or CUDA device context.
+            exponents = torch.arange(0, axis_dim, 2, dtype=torch.float64, device="cpu") / axis_dim
+            inv_freq = 1.0 / (theta**exponents)
+            positions = torch.arange(axis_len, dtype=torch.float64, device="cpu")
             angles = torch.outer(positions, inv_freq).float()
             self.tables.append((torch.cos(angles), torch.sin(angles)))
         self._device_tables: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}

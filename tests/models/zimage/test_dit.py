@@ -1,0 +1,132 @@
+"""Our packed Z-Image DiT against diffusers' ZImageTransformer2DModel (tiny config, fp32, CPU)."""
+
+import pytest
+import torch
+
+from mstar.engine.attention import build_attention
+from mstar.models.zimage.config import TINY
+from mstar.models.zimage.dit import SEQ_MULTI_OF, DiTInput, ZImageDiT
+from mstar.models.zimage.weights import build_dit
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((ours.float() - reference.float()).norm() / reference.float().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def models(tiny_folder):
+    folder, pipe = tiny_folder
+    ours = build_dit(TINY.dit, "cpu", torch.float32, model_path=str(folder))
+    return ours, pipe.transformer
+
+
+def make_items(sizes, seed=0):
+    """sizes: (latent height, latent width, caption tokens) per item."""
+    generator = torch.Generator().manual_seed(seed)
+    items = []
+    for index, (height, width, num_text) in enumerate(sizes):
+        latents = torch.randn(16, height, width, generator=generator)
+        caption = torch.randn(num_text, TINY.dit.cap_feat_dim, generator=generator)
+        items.append(DiTInput(latents, 0.2 + 0.3 * index, caption))
+    return items
+
+
+def diffusers_outputs(transformer, items):
+    with torch.no_grad():
+        outputs = transformer(
+            [item.latents.unsqueeze(1) for item in items],
+            torch.tensor([item.timestep for item in items]),
+            [item.caption for item in items],
+            return_dict=False,
+        )[0]
+    return [out.squeeze(1) for out in outputs]
+
+
+def our_outputs(dit, items):
+    attn = build_attention("torch", "cpu", torch.float32)
+    with torch.no_grad():
+        return dit(items, attn)
+
+
+def test_one_item_matches_diffusers(models):
+    ours, reference = models
+    # 7 caption tokens and 6*5 image tokens: both padded to 32 with the learned pad tokens.
+    items = make_items([(12, 10, 7)])
+    (expected,) = diffusers_outputs(reference, items)
+    (got,) = our_outputs(ours, items)
+    assert got.shape == (16, 12, 10)
+    assert relative_error(got, expected) <= 1e-5
+
+
+def test_two_items_packed_match_diffusers_batch_and_alone(models):
+    ours, reference = models
+    items = make_items([(8, 12, 40), (16, 8, 5)], seed=1)
+    expected = diffusers_outputs(reference, items)
+    packed = our_outputs(ours, items)
+    for got, want in zip(packed, expected, strict=True):
+        assert got.shape == want.shape
+        assert relative_error(got, want) <= 1e-5
+    for item, got in zip(items, packed, strict=True):
+        (alone,) = our_outputs(ours, [item])
+        assert relative_error(got, alone) <= 1e-5
+
+
+def test_inner_pad_tokens_are_attended_as_in_diffusers(models):
+    """Diffusers does not mask the pad tokens that round each run up to 32 tokens: real tokens see
+    them. Changing the learned pad token must change real outputs in both implementations alike."""
+    ours, reference = models
+    items = make_items([(6, 6, 3)], seed=2)  # 9 image + 3 caption tokens: mostly padding
+    assert 9 % SEQ_MULTI_OF and 3 % SEQ_MULTI_OF
+    (before,) = our_outputs(ours, items)
+    original = ours.cap_pad_token.detach().clone()
+    try:
+        with torch.no_grad():
+            ours.cap_pad_token.add_(0.5)
+            reference.cap_pad_token.add_(0.5)
+        (after,) = our_outputs(ours, items)
+        (expected,) = diffusers_outputs(reference, items)
+    finally:
+        with torch.no_grad():
+            ours.cap_pad_token.copy_(original)
+            reference.cap_pad_token.copy_(original)
+    assert relative_error(after, before) > 1e-3
+    assert relative_error(after, expected) <= 1e-5
+
+
+def test_accepts_benchmark_dict_items(models):
+    ours, _ = models
+    (item,) = make_items([(8, 8, 4)], seed=3)
+    as_dict = {"latents": item.latents.unsqueeze(1), "timestep": item.timestep, "text": item.caption}
+    (from_dict,) = our_outputs(ours, [as_dict])
+    (from_item,) = our_outputs(ours, [item])
+    assert torch.equal(from_dict, from_item)
+
+
+@pytest.mark.gpu
+def test_real_size_bf16_matches_diffusers_at_1024():
+    """Real Z-Image-Turbo config, seeded random weights, bf16, one 1024x1024 item (H200)."""
+    diffusers = pytest.importorskip("diffusers")
+    from mstar.models.zimage.config import REAL, to_json_dict
+
+    device = "cuda"
+    torch.manual_seed(0)
+    with torch.device(device):
+        reference = diffusers.ZImageTransformer2DModel(**to_json_dict(REAL.dit))
+    reference = reference.to(torch.bfloat16).eval()
+    with torch.no_grad():  # the constructor zero-inits the pad tokens; give them values
+        reference.x_pad_token.normal_(std=0.02)
+        reference.cap_pad_token.normal_(std=0.02)
+    with torch.device("meta"):
+        ours = ZImageDiT(REAL.dit)
+    ours.load_state_dict(reference.state_dict(), strict=True, assign=True)  # shares the tensors
+    ours.eval()
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(16, 128, 128, generator=generator).to(device, torch.bfloat16)
+    caption = torch.randn(77, REAL.dit.cap_feat_dim, generator=generator).to(device, torch.bfloat16)
+    item = DiTInput(latents, 0.5, caption)
+    with torch.no_grad():
+        expected = reference(
+            [latents.unsqueeze(1)], torch.tensor([0.5], device=device), [caption], return_dict=False
+        )[0]
+        got = ours([item], build_attention("auto", device, torch.bfloat16))
+    assert relative_error(got[0], expected[0].squeeze(1)) <= 2e-2
