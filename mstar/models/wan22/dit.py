@@ -1,0 +1,168 @@
+"""Wan DiT (diffusers WanTransformer3DModel, same state-dict keys) over a packed list of items.
+
+    dit = WanDiT(WanDiTConfig(...))                     # load weights with mstar.models.checkpoint
+    attn = build_attention("auto", device, dtype)
+    velocities = dit([DiTInput(latents, timestep, text), ...], attn)   # one [C, F, H, W] per item
+
+Each item has its own size, timestep and text (the guidance pair is two items; a cross-request step
+is all items of all requests). Patchify and rotary tables are per item; the layer stack runs once
+over the packed tokens with `attn.plan("self")` / `attn.plan("cross")` once per call.
+For image-to-video, `num_clean_frames` leading latent frames get timestep 0 (diffusers'
+expand_timesteps with the first-frame mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mstar.engine.attention import AttentionLayout
+from mstar.models.wan22.config import WanDiTConfig
+from mstar.models.wan22.dit_layers import (
+    ConditionEmbedder,
+    WanBlock,
+    fp32_layer_norm,
+    grid_rotary,
+    rotary_tables,
+)
+
+
+@dataclass
+class DiTInput:
+    """One item of a packed forward: latents [C, F, H, W], its timestep (0..1000 scale) and text [L, text_dim]."""
+
+    latents: torch.Tensor
+    timestep: float
+    text: torch.Tensor
+    num_clean_frames: int = 0
+
+
+@dataclass
+class PackedStep:
+    """Everything the layer stack needs for one packed forward (built per call, host-side lengths)."""
+
+    tokens: torch.Tensor  # [T, dim]
+    text: torch.Tensor  # [Tkv, dim]
+    temb_rows: torch.Tensor  # [R, dim]
+    modulation_rows: torch.Tensor  # [R, 6, dim]
+    row_index: torch.Tensor  # [T] int64: token -> row
+    rotary: tuple[torch.Tensor, torch.Tensor]  # cos/sin float32 [T, 1, D/2]
+    grids: list[tuple[int, int, int]]  # per item (frames, height, width) in patches
+    token_counts: tuple[int, ...]
+    text_counts: tuple[int, ...]
+
+
+class WanDiT(nn.Module):
+    # Kept in float32 when the model runs in bf16 (diffusers' _keep_in_fp32_modules).
+    fp32_param_patterns = ("time_embedder", "scale_shift_table", "norm2")
+
+    def __init__(self, config: WanDiTConfig):
+        super().__init__()
+        self.config = config
+        dim = config.inner_dim
+        self.patch_embedding = nn.Conv3d(
+            config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size
+        )
+        self.condition_embedder = ConditionEmbedder(dim, config.freq_dim, config.text_dim)
+        self.blocks = nn.ModuleList(
+            WanBlock(dim, config.ffn_dim, config.num_attention_heads, config.cross_attn_norm, config.eps)
+            for _ in range(config.num_layers)
+        )
+        self.proj_out = nn.Linear(
+            dim, config.out_channels * config.patch_size[0] * config.patch_size[1] * config.patch_size[2]
+        )
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+        self._rotary_tables = rotary_tables(config.attention_head_dim, config.rope_max_seq_len)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.proj_out.weight.dtype
+
+    def num_tokens(self, latent_shape: tuple[int, ...]) -> int:
+        """Tokens of one item with latents [C, F, H, W]."""
+        p_t, p_h, p_w = self.config.patch_size
+        return (latent_shape[1] // p_t) * (latent_shape[2] // p_h) * (latent_shape[3] // p_w)
+
+    def forward(self, items: list[DiTInput], attention) -> list[torch.Tensor]:
+        """One velocity [C, F, H, W] (model dtype) per item."""
+        step = self.pack(items)
+        attention.plan("self", AttentionLayout.self_attention(step.token_counts))
+        attention.plan("cross", AttentionLayout.cross_attention(step.token_counts, step.text_counts))
+        hidden = self.run_layers(
+            step.tokens, step.text, step.modulation_rows, step.row_index, step.rotary, attention
+        )
+        return self.unpack(hidden, step)
+
+    def run_layers(self, tokens, text, modulation_rows, row_index, rotary, attention) -> torch.Tensor:
+        """The layer stack over packed tokens [T, dim] (the part worth compiling, T dynamic)."""
+        for block in self.blocks:
+            tokens = block(tokens, text, modulation_rows, row_index, rotary, attention)
+        return tokens
+
+    def pack(self, items: list[DiTInput]) -> PackedStep:
+        if not items:
+            raise ValueError("WanDiT needs at least one item")
+        device, dtype = self.proj_out.weight.device, self.dtype
+        patches, grids, rotary_cos, rotary_sin = [], [], [], []
+        for item in items:
+            if item.latents.dim() != 4 or item.latents.shape[0] != self.config.in_channels:
+                raise ValueError(
+                    f"latents must be [{self.config.in_channels}, F, H, W], got {tuple(item.latents.shape)}"
+                )
+            # [C, F, H, W] -> [dim, F', H', W'] -> [F'*H'*W', dim]
+            embedded = self.patch_embedding(item.latents.to(device, dtype).unsqueeze(0))[0]
+            grids.append(tuple(embedded.shape[1:]))
+            patches.append(embedded.flatten(1).transpose(0, 1))
+            cos, sin = grid_rotary(self._rotary_tables, grids[-1])
+            rotary_cos.append(cos)
+            rotary_sin.append(sin)
+        token_counts = tuple(p.shape[0] for p in patches)
+        timesteps, row_index = self._timestep_rows(items, grids, token_counts)
+        temb_rows, modulation_rows = self.condition_embedder.time_rows(timesteps.to(device), dtype)
+        texts = [item.text.to(device, dtype) for item in items]
+        return PackedStep(
+            tokens=torch.cat(patches).contiguous(),
+            text=self.condition_embedder.text_embedder(torch.cat(texts)),
+            temb_rows=temb_rows,
+            modulation_rows=modulation_rows,
+            row_index=row_index.to(device),
+            rotary=(torch.cat(rotary_cos).to(device), torch.cat(rotary_sin).to(device)),
+            grids=grids,
+            token_counts=token_counts,
+            text_counts=tuple(t.shape[0] for t in texts),
+        )
+
+    @staticmethod
+    def _timestep_rows(items, grids, token_counts) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distinct timesteps (one row per item, plus a 0 row for clean frames) and token -> row [T]."""
+        timesteps: list[float] = []
+        indices = []
+        for item, grid, count in zip(items, grids, token_counts, strict=True):
+            row = len(timesteps)
+            timesteps.append(float(item.timestep))
+            index = torch.full((count,), row, dtype=torch.int64)
+            if item.num_clean_frames > 0:
+                timesteps.append(0.0)
+                index[: item.num_clean_frames * grid[1] * grid[2]] = row + 1
+            indices.append(index)
+        return torch.tensor(timesteps, dtype=torch.float32), torch.cat(indices)
+
+    def unpack(self, hidden: torch.Tensor, step: PackedStep) -> list[torch.Tensor]:
+        shift, scale = (self.scale_shift_table + step.temb_rows.unsqueeze(1)).unbind(1)  # [R, dim] each
+        shift, scale = shift[step.row_index], scale[step.row_index]
+        hidden = (fp32_layer_norm(hidden, self.config.eps) * (1 + scale) + shift).type_as(hidden)
+        hidden = self.proj_out(hidden)  # [T, p_t*p_h*p_w*C]
+        outputs = []
+        for tokens, grid in zip(torch.split(hidden, list(step.token_counts)), step.grids, strict=True):
+            outputs.append(self._unpatchify(tokens, grid))
+        return outputs
+
+    def _unpatchify(self, tokens: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        """[F'*H'*W', p_t*p_h*p_w*C] -> [C, F'*p_t, H'*p_h, W'*p_w]."""
+        frames, height, width = grid
+        p_t, p_h, p_w = self.config.patch_size
+        x = tokens.reshape(frames, height, width, p_t, p_h, p_w, -1)
+        x = x.permute(6, 0, 3, 1, 4, 2, 5)
+        return x.reshape(x.shape[0], frames * p_t, height * p_h, width * p_w)
