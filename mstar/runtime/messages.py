@@ -1,0 +1,177 @@
+"""Every cross-process message of the runtime, as msgspec Structs (one tagged union, msgpack).
+
+Tensor bytes never travel here: a `TensorRef` names a shared-memory segment (see shm.py).
+Directions: C = conductor (API process), W = worker process.
+`rid` is the runtime's own short request key (safe in file names); `request_id` is the caller's id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+CONDUCTOR = -1  # `next_worker` value: the walk's outputs go back to the conductor (final walk)
+
+
+class TensorRef(msgspec.Struct, frozen=True):
+    """One tensor in a shared-memory segment. `key` is its name in RequestState.tensors."""
+
+    key: str
+    segment: str  # file name inside the server's segment directory ("" when nbytes == 0)
+    dtype: str  # numpy dtype name, or "bfloat16" (stored as 16-bit words)
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class WorkerBoot(msgspec.Struct, frozen=True):
+    """C -> W on stdin (JSON) at spawn: everything a worker needs to build its nodes."""
+
+    config_json: str  # ServerConfig.model_dump_json()
+    spec_path: str  # "module:Class" of the ModelSpec
+    worker: int  # index into config.placement(...)
+    incarnation: int
+    bind_endpoint: str  # "ipc://..." or "tcp://127.0.0.1:*"
+    conductor_endpoint: str
+    segment_dir: str
+    segment_prefix: str
+    released: list[str] = []  # rids that ended while this worker was down: drop their messages
+
+
+# ---- worker -> conductor -------------------------------------------------------------------
+
+
+class Ready(msgspec.Struct, tag=True, frozen=True):
+    worker: int
+    incarnation: int
+    endpoint: str  # where this worker receives messages
+
+
+class BootFailed(msgspec.Struct, tag=True, frozen=True):
+    worker: int
+    incarnation: int
+    error: str
+
+
+class Heartbeat(msgspec.Struct, tag=True, frozen=True):
+    worker: int
+    incarnation: int
+    num_requests: int  # requests whose state this worker holds
+
+
+class StepProgress(msgspec.Struct, tag=True, frozen=True):
+    rid: str
+    step: int
+    total: int
+
+
+class WalkDone(msgspec.Struct, tag=True, frozen=True):
+    rid: str
+    walk: str
+    worker: int  # the worker that ran the walk's last stage
+    outputs: list[TensorRef] = []  # only for the final walk (next_worker == CONDUCTOR)
+
+
+class RequestError(msgspec.Struct, tag=True, frozen=True):
+    rid: str
+    message: str
+    kind: str = "error"  # or "worker_died" when a peer it needed is down
+
+
+class StepStats(msgspec.Struct, tag=True, frozen=True):
+    node: str
+    batch_size: int
+    cost: int
+    duration_s: float
+
+
+class Recompiles(msgspec.Struct, tag=True, frozen=True):
+    node: str
+    count: int
+
+
+# ---- conductor -> worker -------------------------------------------------------------------
+
+
+class RunWalk(msgspec.Struct, tag=True, frozen=True):
+    """Start `walk` for a request at this worker (owner of the walk's first node)."""
+
+    rid: str
+    request_id: str
+    params: dict[str, Any]
+    walk: str
+    next_worker: int  # worker of the next walk's first node, or CONDUCTOR
+    tensors: list[TensorRef] = []  # request inputs (first walk only)
+    await_stash: bool = False  # the previous walk's outputs arrive from a peer as a Handoff "stash"
+
+
+class Release(msgspec.Struct, tag=True, frozen=True):
+    """The request ended (done, failed, aborted, timed out): drop its state at the next step boundary."""
+
+    rid: str
+
+
+class Peers(msgspec.Struct, tag=True, frozen=True):
+    endpoints: list[str]  # per worker index; "" while that worker is down
+
+
+class Shutdown(msgspec.Struct, tag=True, frozen=True):
+    pass
+
+
+# ---- worker -> worker ----------------------------------------------------------------------
+
+
+class Handoff(msgspec.Struct, tag=True, frozen=True):
+    """A request's tensors moving between workers.
+
+    part: "stage" (continue `walk` at `stage_index` here), "stash" (outputs of the previous walk,
+    kept until RunWalk arrives), "fork" (run this worker's nodes of a Parallel stage, then send
+    "join" back to `source`), "join" (a fork's results merged into the lead's tensors)."""
+
+    part: str
+    rid: str
+    request_id: str
+    params: dict[str, Any]
+    walk: str
+    stage_index: int
+    next_worker: int
+    source: int
+    tensors: list[TensorRef] = []
+
+
+Message = (
+    Ready
+    | BootFailed
+    | Heartbeat
+    | StepProgress
+    | WalkDone
+    | RequestError
+    | StepStats
+    | Recompiles
+    | RunWalk
+    | Release
+    | Peers
+    | Shutdown
+    | Handoff
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes) -> Message:
+    return _decoder.decode(data)
+
+
+def message_refs(message: Message) -> list[TensorRef]:
+    """Segments a message carries (to unlink when the message is dropped)."""
+    if isinstance(message, RunWalk | Handoff):
+        return list(message.tensors)
+    if isinstance(message, WalkDone):
+        return list(message.outputs)
+    return []

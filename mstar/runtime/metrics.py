@@ -1,0 +1,32 @@
+"""Where the runtime reports what it measures. The API implements this with prometheus-client."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class MetricsSink(Protocol):
+    def observe_queue_time(self, seconds: float) -> None: ...
+
+    def observe_step(self, node: str, batch_size: int, cost: int, duration_s: float) -> None: ...
+
+    def observe_request_end(self, outcome: str, latency_s: float) -> None:
+        """outcome: completed | failed | aborted | timeout"""
+
+    def count_recompile(self, node: str, count: int) -> None: ...
+
+
+class NullMetrics:
+    """Used when no sink is given."""
+
+    def observe_queue_time(self, seconds: float) -> None:
+        pass
+
+    def observe_step(self, node: str, batch_size: int, cost: int, duration_s: float) -> None:
+        pass
+
+    def observe_request_end(self, outcome: str, latency_s: float) -> None:
+        pass
+
+    def count_recompile(self, node: str, count: int) -> None:
+        pass

@@ -1,0 +1,194 @@
+"""The worker processes of one server, seen from the API process: spawn, watch, restart, address.
+
+A worker is down from the moment its process exits or its heartbeats stop until its next
+incarnation reports Ready. Peers learn each other's endpoints from `Peers` broadcasts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+
+from mstar.config import NodeGroup
+from mstar.runtime import messages as m
+from mstar.runtime.transport import Outboxes, bind_endpoint
+
+HEARTBEAT_TIMEOUT_S = 10.0
+MAX_RESTART_BACKOFF_S = 30.0
+EXIT_WAIT_S = 5.0
+
+log = logging.getLogger("mstar.runtime")
+
+
+@dataclass
+class WorkerProcess:
+    index: int
+    group: NodeGroup
+    incarnation: int = 0
+    popen: subprocess.Popen | None = None
+    endpoint: str = ""  # set by Ready; "" while down
+    last_heartbeat: float = 0.0
+    num_requests: int = 0
+    num_boot_failures: int = 0
+    restart_at: float | None = None  # monotonic time of the next spawn attempt
+    boot_error: str = ""
+    released: list[str] = field(default_factory=list)
+
+    @property
+    def is_up(self) -> bool:
+        return bool(self.endpoint)
+
+
+class WorkerPool:
+    def __init__(self, groups: list[NodeGroup], boot_template: m.WorkerBoot, transport: str, run_dir: str):
+        self.workers = [WorkerProcess(index, group) for index, group in enumerate(groups)]
+        self._template = boot_template
+        self._transport = transport
+        self._run_dir = run_dir
+        self._context = zmq.Context()
+        self.outboxes = Outboxes(self._context)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def spawn(self, index: int, released: list[str] = ()) -> None:
+        worker = self.workers[index]
+        worker.incarnation += 1
+        worker.endpoint, worker.restart_at, worker.boot_error = "", None, ""
+        worker.last_heartbeat = time.monotonic()
+        boot = msgspec.structs.replace(
+            self._template,
+            worker=index,
+            incarnation=worker.incarnation,
+            bind_endpoint=bind_endpoint(self._transport, self._run_dir, f"w{index}-{worker.incarnation}"),
+            released=list(released),
+        )
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        worker.popen = subprocess.Popen(
+            [sys.executable, "-m", "mstar.runtime.worker", "--worker", str(index)],
+            stdin=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # Ctrl-C goes to the API process, which shuts workers down
+        )
+        worker.popen.stdin.write(msgspec.json.encode(boot))
+        worker.popen.stdin.close()
+        log.info("worker %d (%s) starting, pid %d", index, ",".join(worker.group.nodes), worker.popen.pid)
+
+    def on_ready(self, message: m.Ready) -> bool:
+        worker = self.workers[message.worker]
+        if message.incarnation != worker.incarnation:
+            return False
+        worker.endpoint = message.endpoint
+        worker.num_boot_failures = 0
+        worker.last_heartbeat = time.monotonic()
+        self.outboxes.set_endpoint(worker.index, message.endpoint)
+        self.broadcast_peers()
+        log.info("worker %d ready", worker.index)
+        return True
+
+    def on_boot_failed(self, message: m.BootFailed) -> bool:
+        worker = self.workers[message.worker]
+        if message.incarnation != worker.incarnation:
+            return False
+        worker.boot_error = message.error
+        return True
+
+    def on_heartbeat(self, message: m.Heartbeat) -> None:
+        worker = self.workers[message.worker]
+        if message.incarnation == worker.incarnation:
+            worker.last_heartbeat = time.monotonic()
+            worker.num_requests = message.num_requests
+
+    def find_dead(self) -> list[int]:
+        """Workers that exited or went silent since the last look (their processes are reaped)."""
+        dead = []
+        now = time.monotonic()
+        for worker in self.workers:
+            if worker.popen is None:
+                continue
+            exited = worker.popen.poll() is not None
+            silent = worker.is_up and now - worker.last_heartbeat > HEARTBEAT_TIMEOUT_S
+            if exited or silent:
+                if silent and not exited:
+                    log.error(
+                        "worker %d sent no heartbeat for %.0f s: killing it",
+                        worker.index,
+                        HEARTBEAT_TIMEOUT_S,
+                    )
+                self._reap(worker)
+                dead.append(worker.index)
+        return dead
+
+    def _reap(self, worker: WorkerProcess) -> None:
+        popen, worker.popen = worker.popen, None
+        if popen.poll() is None:
+            popen.kill()
+        code = popen.wait()
+        if worker.is_up or not worker.boot_error:
+            log.error("worker %d (pid %d) exited with code %s", worker.index, popen.pid, code)
+        worker.endpoint = ""
+        worker.num_requests = 0
+        self.outboxes.set_endpoint(worker.index, "")
+        self.broadcast_peers()
+
+    def schedule_restart(self, index: int) -> None:
+        """Restart at once after a crash; back off exponentially while the restarts fail to boot."""
+        worker = self.workers[index]
+        if worker.boot_error:
+            worker.num_boot_failures += 1
+        backoff_s = 0.0 if worker.num_boot_failures == 0 else 2.0**worker.num_boot_failures
+        worker.restart_at = time.monotonic() + min(MAX_RESTART_BACKOFF_S, backoff_s)
+
+    def due_restarts(self) -> list[int]:
+        now = time.monotonic()
+        return [
+            w.index
+            for w in self.workers
+            if w.popen is None and w.restart_at is not None and w.restart_at <= now
+        ]
+
+    def stop_all(self, timeout_s: float = EXIT_WAIT_S) -> None:
+        """Ask every worker to exit, then kill what is left after `timeout_s`."""
+        for worker in self.workers:
+            self.send(worker.index, m.Shutdown())
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers:
+            if worker.popen is None:
+                continue
+            try:
+                worker.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.popen.kill()
+                worker.popen.wait()
+            worker.popen, worker.endpoint, worker.restart_at = None, "", None
+        self.outboxes.close()
+        self._context.destroy(linger=0)
+
+    # ---- addressing ----------------------------------------------------------------------
+
+    @property
+    def all_up(self) -> bool:
+        return all(worker.is_up for worker in self.workers)
+
+    def is_up(self, index: int) -> bool:
+        return self.workers[index].is_up
+
+    def send(self, index: int, message: m.Message) -> bool:
+        return self.outboxes.send(index, message)
+
+    def broadcast(self, message: m.Message) -> None:
+        for worker in self.workers:
+            if worker.is_up:
+                self.outboxes.send(worker.index, message)
+
+    def broadcast_peers(self) -> None:
+        self.broadcast(m.Peers([worker.endpoint for worker in self.workers]))
+
+    def pids(self) -> list[int | None]:
+        return [worker.popen.pid if worker.popen is not None else None for worker in self.workers]

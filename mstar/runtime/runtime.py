@@ -1,0 +1,226 @@
+"""Runtime: what the API holds. Starts the worker processes, runs the conductor on the event loop,
+watches workers (restart, deadlines, leaked segments) and shuts everything down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from mstar.config import ServerConfig
+from mstar.graph import ModelSpec
+from mstar.models.registry import spec_path
+from mstar.runtime import messages as m
+from mstar.runtime.conductor import Conductor
+from mstar.runtime.events import Done, Failed, Progress
+from mstar.runtime.handle import RequestHandle
+from mstar.runtime.metrics import MetricsSink, NullMetrics
+from mstar.runtime.pool import WorkerPool
+from mstar.runtime.shm import SegmentStore, default_segment_dir
+from mstar.runtime.transport import bind_endpoint, bind_inbox, make_run_dir
+
+__all__ = ["Done", "Failed", "Progress", "RequestHandle", "Runtime", "RuntimeStats"]
+
+MONITOR_INTERVAL_S = 0.1
+SWEEP_INTERVAL_S = 2.0
+SEGMENT_GRACE_S = 5.0  # a segment of an ended request older than this is a leftover
+BOOT_EXIT_GRACE_S = 0.5  # time for a BootFailed message to arrive after its worker exited
+
+log = logging.getLogger("mstar.runtime")
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    num_running: int
+    num_waiting: int
+    num_worker_requests: tuple[int, ...] = ()  # requests each worker holds state for (heartbeats)
+
+
+class Runtime:
+    def __init__(self, config: ServerConfig, spec: ModelSpec, metrics: MetricsSink | None = None):
+        self.config = config
+        self.spec = spec
+        self.metrics = metrics or NullMetrics()
+        self.groups = config.placement(spec.node_names)
+        self.owner = {name: index for index, group in enumerate(self.groups) for name in group.nodes}
+        _check_walks(spec)
+        self._pool: WorkerPool | None = None
+        self._conductor: Conductor | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._started = False
+        self._closing = False
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, on_progress: Callable[[str, int, int], None] | None = None) -> None:
+        self._run_dir = make_run_dir()
+        prefix = f"mstar-{os.getpid():x}{secrets.token_hex(4)}-"
+        self._store = SegmentStore(default_segment_dir(self._run_dir), prefix)
+        self._context = zmq.asyncio.Context()
+        self._inbox, endpoint = bind_inbox(
+            self._context, bind_endpoint(self.config.transport, self._run_dir, "c")
+        )
+        template = m.WorkerBoot(
+            self.config.model_dump_json(), spec_path(self.spec), 0, 0, "", endpoint,
+            str(self._store.directory), prefix,
+        )  # fmt: skip
+        self._pool = WorkerPool(self.groups, template, self.config.transport, self._run_dir)
+        self._conductor = Conductor(
+            self.config, self.spec, self.owner, self._pool, self._store, self.metrics, on_progress
+        )
+        self._tasks = [asyncio.create_task(self._receive())]
+        try:
+            for index in range(len(self.groups)):
+                self._pool.spawn(index)
+            await self._wait_until_up()
+        except BaseException:
+            await self._teardown()
+            raise
+        self._tasks.append(asyncio.create_task(self._monitor()))
+        self._started = True
+
+    async def _wait_until_up(self) -> None:
+        while not self._pool.all_up:
+            for worker in self._pool.workers:
+                if worker.boot_error:
+                    raise RuntimeError(self._boot_failure(worker.index, worker.boot_error))
+            for index in self._pool.find_dead():
+                await asyncio.sleep(BOOT_EXIT_GRACE_S)  # its BootFailed may still be in the socket
+                error = self._pool.workers[index].boot_error or "exited before it was ready"
+                raise RuntimeError(self._boot_failure(index, error))
+            await asyncio.sleep(0.02)
+
+    def _boot_failure(self, index: int, error: str) -> str:
+        nodes = ",".join(self.groups[index].nodes)
+        return f"worker {index} ({nodes} on {self.groups[index].device}) failed to boot: {error}"
+
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        if self._pool is None or self._closing:
+            return
+        self._closing = True
+        conductor = self._conductor
+        conductor.accepting = False
+        for rid in list(conductor.waiting):
+            conductor._end(conductor.jobs[rid], Failed("server is shutting down", "aborted"))
+        deadline = time.monotonic() + timeout_s
+        while conductor.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        conductor.fail_all("server shut down before the request finished", "aborted")
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self._pool is not None:
+            await asyncio.to_thread(self._pool.stop_all)
+        self._inbox.close(linger=0)
+        self._context.term()
+        self._store.sweep()
+        shutil.rmtree(self._run_dir, ignore_errors=True)
+        self._started = False
+
+    @property
+    def ready(self) -> bool:
+        return self._started and not self._closing and self._pool.all_up
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        params: dict,
+        inputs: dict[str, np.ndarray] | None = None,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+    ) -> RequestHandle:
+        if self._conductor is None:
+            raise RuntimeError("Runtime.start() has not been awaited")
+        return self._conductor.submit(params, inputs, timeout_s, request_id or uuid.uuid4().hex)
+
+    def abort(self, request_id: str) -> bool:
+        return self._conductor is not None and self._conductor.abort(request_id)
+
+    def stats(self) -> RuntimeStats:
+        if self._conductor is None:
+            return RuntimeStats(0, 0)
+        held = tuple(worker.num_requests for worker in self._pool.workers)
+        return RuntimeStats(len(self._conductor.running), len(self._conductor.waiting), held)
+
+    def worker_pids(self) -> list[int | None]:
+        """Process ids by worker index (None while one is down); for operators and tests."""
+        return self._pool.pids() if self._pool is not None else []
+
+    # ---- background tasks ----------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        while True:
+            data = await self._inbox.recv()
+            try:
+                self._on_message(m.decode(data))
+            except msgspec.DecodeError:
+                log.error("dropped an undecodable message (%d bytes)", len(data))
+            except Exception:
+                log.exception("failed to handle a worker message")
+
+    def _on_message(self, message: m.Message) -> None:
+        if isinstance(message, m.Heartbeat):
+            self._pool.on_heartbeat(message)
+        elif isinstance(message, m.Ready):
+            if self._pool.on_ready(message) and self._started:
+                self._conductor.admit_waiting()
+        elif isinstance(message, m.BootFailed):
+            if self._pool.on_boot_failed(message):
+                log.error("%s", self._boot_failure(message.worker, message.error))
+        else:
+            self._conductor.handle_message(message)
+
+    async def _monitor(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+        while True:
+            await asyncio.sleep(MONITOR_INTERVAL_S)
+            try:
+                self._watch_workers()
+                self._conductor.check_deadlines()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+                    self._store.sweep(keep_rids=self._conductor.active_rids(), min_age_s=SEGMENT_GRACE_S)
+            except Exception:
+                log.exception("runtime monitor iteration failed")
+
+    def _watch_workers(self) -> None:
+        for index in self._pool.find_dead():
+            self._conductor.on_worker_down(index)
+            if self.config.worker_restart:
+                self._pool.schedule_restart(index)
+            else:
+                self._conductor.admit_waiting()  # fails the waiting requests: nothing will serve them
+        for index in self._pool.due_restarts():
+            log.info("restarting worker %d", index)
+            self._pool.spawn(index, released=list(self._conductor.recently_ended))
+
+
+def _check_walks(spec: ModelSpec) -> None:
+    known = set(spec.node_names)
+    for name, walk in spec.walks.items():
+        if not walk.stages:
+            raise ValueError(f"walk '{name}' has no stages")
+        unknown = [node for node in walk.nodes() if node not in known]
+        if unknown:
+            raise ValueError(
+                f"walk '{name}' uses unknown node(s) {unknown}; model has {list(spec.node_names)}"
+            )

@@ -1,0 +1,178 @@
+"""Worker process: `python -m mstar.runtime.worker --worker N`, boot description (JSON) on stdin.
+
+Builds its node group with spec.build_nodes, warms the nodes up, reports Ready (or BootFailed with
+the error text), then runs the step loop until Shutdown or until its parent process goes away.
+torch is never imported here: a model's nodes import it when they are built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+
+import msgspec
+import zmq
+
+from mstar.config import ServerConfig
+from mstar.graph import BuildContext, ModelSpec, Node
+from mstar.models.registry import get_model_spec
+from mstar.runtime import messages as m
+from mstar.runtime.shm import SegmentStore
+from mstar.runtime.step_loop import StepLoop
+from mstar.runtime.transport import Outboxes, bind_inbox, connect_push, send
+
+HEARTBEAT_INTERVAL_S = 0.5
+IDLE_POLL_MS = 100
+FLUSH_ON_EXIT_MS = 1000
+
+log = logging.getLogger("mstar.worker")
+
+
+def build_group(boot: m.WorkerBoot) -> tuple[ServerConfig, ModelSpec, dict[str, Node], dict[str, int]]:
+    config = ServerConfig.model_validate_json(boot.config_json)
+    spec = get_model_spec(boot.spec_path)
+    groups = config.placement(spec.node_names)
+    owner = {name: index for index, group in enumerate(groups) for name in group.nodes}
+    group = groups[boot.worker]
+    context = BuildContext(
+        config=config,
+        device=group.device,
+        node_names=tuple(group.nodes),
+        model_path=config.model_path,
+        random_weights=config.random_weights,
+        progress=_log_progress,
+    )
+    built = spec.build_nodes(context)
+    missing = [name for name in group.nodes if name not in built]
+    if missing:
+        raise RuntimeError(f"{type(spec).__name__}.build_nodes did not build node(s) {missing}")
+    nodes = {name: built[name] for name in group.nodes}
+    for name, node in nodes.items():
+        node.name = node.name or name
+        node.warmup()
+    return config, spec, nodes, owner
+
+
+def _log_progress(label: str, done: int, total: int) -> None:
+    log.info("%s: %d/%d", label, done, total)
+
+
+class Worker:
+    def __init__(self, boot: m.WorkerBoot):
+        self.boot = boot
+        self.context = zmq.Context()
+        self.inbox, self.endpoint = bind_inbox(self.context, boot.bind_endpoint)
+        self.conductor = connect_push(self.context, boot.conductor_endpoint)
+        self.peers = Outboxes(self.context)
+        self.store = SegmentStore(boot.segment_dir, boot.segment_prefix)
+        self.parent_pid = os.getppid()
+        self.loop: StepLoop | None = None
+        self.stopping = False
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+
+    def boot_nodes(self) -> bool:
+        try:
+            _, spec, nodes, owner = build_group(self.boot)
+        except Exception as exc:
+            log.exception("worker %d failed to boot", self.boot.worker)
+            send(
+                self.conductor,
+                m.BootFailed(self.boot.worker, self.boot.incarnation, f"{type(exc).__name__}: {exc}"),
+            )
+            return False
+        self.loop = StepLoop(
+            self.boot.worker,
+            spec,
+            nodes,
+            owner,
+            self.store,
+            self._to_conductor,
+            self.peers,
+            self.boot.released,
+        )
+        send(self.conductor, m.Ready(self.boot.worker, self.boot.incarnation, self.endpoint))
+        return True
+
+    def _to_conductor(self, message: m.Message) -> None:
+        send(self.conductor, message)
+
+    def serve(self) -> None:
+        assert self.loop is not None
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        while not self.stopping and self._parent_alive():
+            self._drain(poller, 0 if self.loop.has_work() else IDLE_POLL_MS)
+            if not self.stopping:
+                self.loop.run_round(lambda: self._drain(poller, 0))
+        self.loop.release_all()
+
+    def _drain(self, poller: zmq.Poller, timeout_ms: int) -> None:
+        if not poller.poll(timeout_ms):
+            return
+        while not self.stopping:
+            try:
+                data = self.inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            message = m.decode(data)
+            if isinstance(message, m.Shutdown):
+                self.stopping = True
+            else:
+                self.loop.handle(message)
+
+    def _parent_alive(self) -> bool:
+        return os.getppid() == self.parent_pid
+
+    def start_heartbeat(self) -> None:
+        self._heartbeat_thread.start()
+
+    def _heartbeat(self) -> None:
+        socket = connect_push(self.context, self.boot.conductor_endpoint)
+        while not self._heartbeat_stop.is_set():
+            if not self._parent_alive():
+                os._exit(1)  # orphaned: the API process is gone, nobody will shut us down
+            num_requests = len(self.loop.table) if self.loop is not None else 0
+            send(socket, m.Heartbeat(self.boot.worker, self.boot.incarnation, num_requests))
+            self._heartbeat_stop.wait(HEARTBEAT_INTERVAL_S)
+        socket.close(linger=0)
+
+    def close(self) -> None:
+        """Stop the heartbeat, flush what is queued for the conductor (bounded), close everything."""
+        self.stopping = True
+        self._heartbeat_stop.set()
+        if self._heartbeat_thread.is_alive():
+            self._heartbeat_thread.join(timeout=2.0)
+        self.peers.close()
+        self.inbox.close(linger=0)
+        self.conductor.close(linger=FLUSH_ON_EXIT_MS)
+        self.context.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mstar.runtime.worker")
+    parser.add_argument("--worker", type=int, required=True, help="worker index (also in the boot JSON)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("MSTAR_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s worker{args.worker} %(levelname)s %(name)s: %(message)s",
+    )
+    boot = msgspec.json.decode(sys.stdin.buffer.read(), type=m.WorkerBoot)
+    worker = Worker(boot)
+    worker.start_heartbeat()
+    try:
+        if not worker.boot_nodes():
+            return 1
+        worker.serve()
+        return 0
+    finally:
+        worker.close()
+
+
+if __name__ == "__main__":
+    exit_code = main()
+    logging.shutdown()
+    os._exit(exit_code)  # skip interpreter teardown of model libraries; everything is closed

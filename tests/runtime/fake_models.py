@@ -1,0 +1,145 @@
+"""Fake models for runtime tests: numpy-only nodes (fast worker start, no torch), resolved by the
+worker subprocess as "tests.runtime.fake_models:FakeSpec".
+
+Walks: "encode" = Parallel(encoder, aux) -> "generate" = Loop(denoiser), decoder.
+With no input image the final frames value is 4 * seed + steps (mod 256).
+Per-request knobs in params: seed, steps, key (denoiser batch key), cost, step_sleep_s,
+fail ("encoder.prepare", "denoiser.forward", "denoiser.stop"), release_log (a file path).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from mstar.graph import BuildContext, Loop, ModelSpec, Node, Parallel, RequestState, Walk
+
+SPEC_PATH = "tests.runtime.fake_models:FakeSpec"
+
+
+def _log_release(node: Node, request: RequestState) -> None:
+    path = request.params.get("release_log")
+    if path:
+        with open(path, "a") as log_file:
+            log_file.write(f"{os.getpid()} {node.name} {request.request_id}\n")
+
+
+class LoggingNode(Node):
+    def release(self, request: RequestState) -> None:
+        _log_release(self, request)
+        super().release(request)
+
+
+class EncoderNode(LoggingNode):
+    name = "encoder"
+    max_batch_size = 8
+
+    def prepare(self, request: RequestState) -> None:
+        if request.params.get("fail") == "encoder.prepare":
+            raise ValueError("bad prompt")
+
+    def forward(self, batch: list[RequestState]) -> None:
+        for request in batch:
+            image = request.tensors.get("image")
+            extra = float(image.sum()) if image is not None else 0.0
+            request.tensors["embeds"] = np.full(4, request.params["seed"] + extra, dtype=np.float32)
+
+
+class AuxNode(LoggingNode):
+    name = "aux"
+    max_batch_size = 8
+
+    def forward(self, batch: list[RequestState]) -> None:
+        for request in batch:
+            request.tensors["aux"] = np.arange(3, dtype=np.float32) * request.params["seed"]
+
+
+class DenoiserNode(LoggingNode):
+    name = "denoiser"
+    max_batch_size = 4
+    max_step_cost = 8
+
+    def prepare(self, request: RequestState) -> None:
+        steps = int(request.params.get("steps", 3))
+        request.state[self.name] = {"step": 0, "total": steps, "batch_sizes": []}
+        request.tensors["latents"] = request.tensors["embeds"] + request.tensors["aux"].sum()
+
+    def batch_key(self, request: RequestState) -> Any:
+        return request.params.get("key", "shared")
+
+    def step_cost(self, request: RequestState) -> int:
+        return int(request.params.get("cost", 1))
+
+    def forward(self, batch: list[RequestState]) -> None:
+        if any(r.params.get("fail") == "denoiser.forward" for r in batch):
+            raise RuntimeError("kernel exploded")
+        time.sleep(max(float(r.params.get("step_sleep_s", 0.0)) for r in batch))
+        for request in batch:
+            state = request.state[self.name]
+            state["step"] += 1
+            state["batch_sizes"].append(len(batch))
+            request.tensors["latents"] = request.tensors["latents"] + 1
+            request.tensors["batch_sizes"] = np.array(state["batch_sizes"], dtype=np.int64)
+
+    def check_stop(self, request: RequestState) -> bool:
+        state = request.state[self.name]
+        if request.params.get("fail") == "denoiser.stop" and state["step"] == 2:
+            raise ValueError("stop rule broke")
+        return state["step"] >= state["total"]
+
+    def progress(self, request: RequestState) -> tuple[int, int]:
+        state = request.state[self.name]
+        return state["step"], state["total"]
+
+
+class DecoderNode(LoggingNode):
+    name = "decoder"
+    max_batch_size = 8
+
+    def forward(self, batch: list[RequestState]) -> None:
+        for request in batch:
+            value = int(request.tensors["latents"].mean()) % 256
+            request.tensors["frames"] = np.full((1, 2, 2, 3), value, dtype=np.uint8)
+
+
+NODE_CLASSES = {cls.name: cls for cls in (EncoderNode, AuxNode, DenoiserNode, DecoderNode)}
+
+
+class FakeSpec(ModelSpec):
+    name = "fake"
+    task = "text-to-image"
+    output_kind = "image"
+    node_names = ("encoder", "aux", "denoiser", "decoder")
+    walks = {
+        "encode": Walk("encode", (Parallel(("encoder", "aux")),), outputs=("embeds", "aux")),
+        "generate": Walk("generate", (Loop("denoiser"), "decoder"), outputs=("frames", "batch_sizes")),
+    }
+
+    def limits(self) -> dict[str, Any]:
+        return {}
+
+    def validate(self, params: Any) -> dict[str, Any]:
+        return {"seed": params.seed or 0}
+
+    def first_walk(self, params: dict[str, Any]) -> str:
+        return "encode"
+
+    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+        return "generate" if finished == "encode" else None
+
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
+        return {name: NODE_CLASSES[name]() for name in ctx.node_names}
+
+
+class BrokenBootSpec(FakeSpec):
+    """Fails in build_nodes the way an unusable attention backend does."""
+
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
+        raise ValueError("attention backend 'fa3' cannot run on device 'cpu'")
+
+
+def expected_frame_value(seed: int, steps: int) -> int:
+    return (4 * seed + steps) % 256
