@@ -32,15 +32,16 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str | None):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.expected is None or scope["type"] != "http" or not _is_guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        given = headers.get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        # The scheme is case-insensitive (RFC 9110); the token is compared in constant time.
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.expected):
             error = ApiError(
                 401,
                 "Missing or invalid API key (send 'Authorization: Bearer <key>').",

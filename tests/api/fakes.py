@@ -124,10 +124,14 @@ class FakeVideoSpec(FakeImageSpec):
 
 
 def seeded_frames(params: dict[str, Any]) -> np.ndarray:
-    """uint8 [F, H, W, 3] that depend on the seed, so tests can tell requests apart."""
+    """uint8 [F, H, W, 3]: a smooth per-frame colour ramp that depends on the seed, so tests can tell
+    requests apart and lossy codecs (H.264 with 4:2:0 chroma) still round-trip closely."""
     rng = np.random.default_rng(params["seed"])
-    shape = (params["num_frames"], params["height"], params["width"], 3)
-    return rng.integers(0, 256, size=shape, dtype=np.uint8)
+    num_frames, height, width = params["num_frames"], params["height"], params["width"]
+    colours = rng.integers(40, 200, size=(num_frames, 1, 1, 3))
+    ramp = np.linspace(0, 50, width)[None, None, :, None]
+    frames = np.broadcast_to(colours + ramp, (num_frames, height, width, 3))
+    return np.ascontiguousarray(frames.clip(0, 255).astype(np.uint8))
 
 
 class FakeHandle:
@@ -136,8 +140,10 @@ class FakeHandle:
         self.request_id = request_id
         self.params = params
         self.aborted = False
+        self.started = False
 
     async def events(self):
+        self.started = True
         runtime = self.runtime
         start_s = time.perf_counter()
         total = self.params["num_inference_steps"]
@@ -203,6 +209,8 @@ class FakeRuntime:
             return False
         handle.aborted = True
         self.aborted.append(request_id)
+        if not handle.started:  # nobody will follow its events: it ends here
+            del self.active[request_id]
         return True
 
     def stats(self) -> Stats:

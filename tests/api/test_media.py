@@ -1,0 +1,99 @@
+"""Media encoding: PNG/JPEG/WEBP via Pillow, MP4 via PyAV, uploads decoded to uint8 RGB."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mstar.api.media import decode_data_url, decode_image, decode_mp4, encode_image, encode_mp4
+from mstar.errors import InvalidParam
+
+
+def ramp(num_frames: int, height: int, width: int) -> np.ndarray:
+    """uint8 [F, H, W, 3], smooth so lossy codecs stay close."""
+    y = np.linspace(0, 200, height)[None, :, None, None]
+    x = np.linspace(0, 50, width)[None, None, :, None]
+    t = np.arange(num_frames)[:, None, None, None] * 5
+    frames = np.broadcast_to(y + x + t + np.array([0, 20, 40]), (num_frames, height, width, 3))
+    return np.ascontiguousarray(frames.clip(0, 255).astype(np.uint8))
+
+
+def test_png_is_lossless():
+    frame = np.random.default_rng(0).integers(0, 256, (17, 23, 3), dtype=np.uint8)
+    data = encode_image(frame, "png")
+    assert data.startswith(b"\x89PNG")
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(data))), frame)
+
+
+@pytest.mark.parametrize(("output_format", "magic"), [("jpeg", b"\xff\xd8"), ("webp", b"RIFF")])
+def test_lossy_formats_round_trip_closely(output_format, magic):
+    frame = ramp(1, 32, 48)
+    data = encode_image(frame, output_format)
+    assert data.startswith(magic)
+    decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    assert decoded.shape == (32, 48, 3)
+    assert np.abs(decoded.astype(int) - frame[0].astype(int)).mean() < 3
+
+
+def test_image_rejects_bad_arrays():
+    with pytest.raises(ValueError, match="uint8"):
+        encode_image(np.zeros((4, 4, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        encode_image(np.zeros((4, 4), dtype=np.uint8))
+    with pytest.raises(ValueError, match="output_format"):
+        encode_image(np.zeros((4, 4, 3), dtype=np.uint8), "gif")
+
+
+@pytest.mark.parametrize(("height", "width"), [(32, 48), (33, 17)])
+def test_mp4_round_trip(height, width):
+    frames = ramp(9, height, width)
+    data = encode_mp4(frames, fps=8)
+    assert data[4:8] == b"ftyp"
+    decoded = decode_mp4(data)
+    # odd sides are padded by one replicated pixel for yuv420p
+    assert decoded.shape == (9, height + height % 2, width + width % 2, 3)
+    assert np.abs(decoded[:, :height, :width].astype(int) - frames.astype(int)).mean() < 4
+
+
+def test_mp4_frame_rate():
+    import av
+
+    data = encode_mp4(ramp(16, 16, 16), fps=16)
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        assert stream.average_rate == 16
+        assert stream.frames == 16
+
+
+def test_decode_upload_and_data_url():
+    buffer = io.BytesIO()
+    Image.new("RGBA", (5, 3), (1, 2, 3, 128)).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    image = decode_image(decode_data_url(url))
+    assert image.shape == (3, 5, 3) and image.dtype == np.uint8 and tuple(image[0, 0]) == (1, 2, 3)
+
+
+@pytest.mark.parametrize("data", [b"", b"GIF89a garbage", b"\x89PNG\r\n\x1a\n" + b"\x00" * 20])
+def test_decode_rejects_garbage(data):
+    with pytest.raises(InvalidParam) as error:
+        decode_image(data)
+    assert error.value.param == "input_reference"
+
+
+def test_decode_rejects_huge_images():
+    buffer = io.BytesIO()
+    Image.new("L", (5000, 4000)).save(buffer, format="PNG")
+    with pytest.raises(InvalidParam, match="pixels"):
+        decode_image(buffer.getvalue())
+
+
+@pytest.mark.parametrize(
+    "url", ["http://example.com/a.png", "data:image/png,abc", "data:image/png;base64,@@"]
+)
+def test_data_url_rejections(url):
+    with pytest.raises(InvalidParam):
+        decode_data_url(url)
