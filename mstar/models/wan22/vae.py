@@ -77,8 +77,11 @@ class _LatentDecoding:
         for index in range(x.shape[2]):
             frames, tails = self.decode_chunk(x[:, :, index : index + 1], tails)
             chunks.append(frames)
-        video = unpatchify(torch.cat(chunks, dim=2), self.config.patch)
-        return video.clamp(-1.0, 1.0)
+        return self.to_video(torch.cat(chunks, dim=2)).clamp(-1.0, 1.0)
+
+    def to_video(self, frames: torch.Tensor) -> torch.Tensor:
+        """Decoder output [B, out_channels, F, h, w] -> unclamped video [B, 3, F, h*p, w*p]."""
+        return unpatchify(frames, self.config.patch)
 
     def _check_latents(self, latents: torch.Tensor) -> None:
         if latents.dim() != 5 or latents.shape[1] != self.config.z_dim:

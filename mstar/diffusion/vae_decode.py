@@ -1,0 +1,189 @@
+"""Serving-side VAE decode (issue 8): channels_last_3d, optional torch.compile, uint8 frames on device.
+
+Works with any causal chunked video decoder shaped like mstar.models.wan22.vae.WanVAEDecoder
+(`ChunkDecoder` below). Two paths, both exposed so their speed can be measured:
+
+- plain: the eager `decoder.decode(latents)` (the reference numerics), then uint8 conversion.
+- fast: the same causal chunk loop, one latent frame per step, with the decoder's conv weights and
+  activations in channels_last_3d (cuDNN's fast NDHWC kernels) and the step optionally compiled.
+  The step ends with unpatchify + ((x.clamp(-1, 1) + 1) * 127.5).round() -> uint8 [f, H, W, 3],
+  written into one preallocated uint8 buffer, so only uint8 ever leaves the GPU.
+
+`path="auto"` takes the fast path for clips and the plain one for single images (one latent frame:
+nothing to amortise a compile over).
+
+Compile modes are mstar.engine.compile's: "off" | "deterministic" | "default" | "max-autotune".
+"deterministic" is inductor with no timing-based choices (max_autotune and coordinate-descent
+tuning off, `inductor.config.deterministic` where this torch has it), so every worker runs the same
+kernels; convolutions stay on cuDNN's heuristic algorithm choice (torch.backends.cudnn.benchmark
+stays off). Shapes are compiled static (`dynamic=False`): the first chunk and the steady-state
+chunks are two graphs per resolution, compiled at warmup. On CPU compiling is turned off.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+DecodePath = Literal["auto", "plain", "fast"]
+
+
+class ChunkDecoder(Protocol):
+    post_quant_conv: nn.Module
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor: ...
+
+    def decode_chunk(
+        self, x: torch.Tensor, previous_tails: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+
+    def to_video(self, frames: torch.Tensor) -> torch.Tensor: ...
+
+    def parameters(self) -> Any: ...
+
+    def modules(self) -> Any: ...
+
+
+def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
+    """Video [B, 3, F, H, W] in [-1, 1] -> uint8 [B, F, H, W, 3] on the same device."""
+    import torch
+
+    pixels = ((video.clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
+    return pixels.permute(0, 2, 3, 4, 1)
+
+
+def convert_to_channels_last(module: nn.Module) -> nn.Module:
+    """Conv3d weights to channels_last_3d and Conv2d weights to channels_last, in place."""
+    import torch
+    from torch import nn
+
+    for layer in module.modules():
+        if isinstance(layer, nn.Conv3d):
+            layer.weight.data = layer.weight.data.contiguous(memory_format=torch.channels_last_3d)
+        elif isinstance(layer, nn.Conv2d):
+            layer.weight.data = layer.weight.data.contiguous(memory_format=torch.channels_last)
+    return module
+
+
+class VaeDecodeRunner:
+    """Decodes one clip's latents into uint8 frames on the decoder's device.
+
+        runner = VaeDecodeRunner(decoder, compile_mode="deterministic")  # decoder on cuda, bf16
+        frames = runner.decode_uint8(latents)   # [48, F', H', W'] or [1, 48, ...] -> uint8 [F, H, W, 3]
+        frames_cpu = frames.cpu().numpy()
+
+    `compile_backend` replaces inductor (e.g. "eager" in CPU tests of the compile plumbing).
+    """
+
+    def __init__(
+        self,
+        decoder: ChunkDecoder,
+        compile_mode: str = "off",
+        channels_last: bool = True,
+        compile_backend: str | None = None,
+        dynamic: bool = False,
+    ):
+        from mstar.engine.compile import effective_mode
+
+        self.decoder = decoder
+        self.channels_last = channels_last
+        first_param = next(iter(decoder.parameters()))
+        self.device = first_param.device
+        self.dtype = first_param.dtype
+        self.compile_mode = "off" if compile_backend else effective_mode(compile_mode, str(self.device))
+        if channels_last:
+            convert_to_channels_last(decoder)  # type: ignore[arg-type]
+        self._uint8_step = self._wrap(self._step_uint8, "vae_decode_uint8", compile_backend, dynamic)
+        self._video_step = self._wrap(self._step_video, "vae_decode_video", compile_backend, dynamic)
+
+    def _wrap(self, fn, name: str, compile_backend: str | None, dynamic: bool):
+        from mstar.engine.compile import CompiledFunction
+
+        if compile_backend is not None:
+            import torch
+
+            return torch.compile(fn, backend=compile_backend, dynamic=dynamic)
+        return CompiledFunction(fn, self.compile_mode, name, dynamic=dynamic)
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def decode_uint8(self, latents: torch.Tensor, path: DecodePath = "auto") -> torch.Tensor:
+        """Un-normalised latents of one clip -> uint8 frames [F, H, W, 3] on the device."""
+        latents = self._as_clip(latents)
+        if self.choose_path(latents.shape[2], path) == "plain":
+            return self.decode_plain_uint8(latents)
+        return self.decode_fast_uint8(latents)
+
+    @staticmethod
+    def choose_path(num_latent_frames: int, path: DecodePath = "auto") -> Literal["plain", "fast"]:
+        if path not in ("auto", "plain", "fast"):
+            raise ValueError(f"decode path must be auto, plain or fast, got '{path}'")
+        if path == "auto":
+            return "fast" if num_latent_frames > 1 else "plain"
+        return path
+
+    def decode_plain_uint8(self, latents: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        with torch.inference_mode():
+            video = self.decoder.decode(self._as_clip(latents).to(self.device, self.dtype))
+            return to_uint8_frames(video)[0]
+
+    def decode_fast_uint8(self, latents: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        with torch.inference_mode():
+            chunks = list(self._run_chunks(self._as_clip(latents), self._uint8_step))
+            return torch.cat(chunks, dim=0)  # [F, H, W, 3]
+
+    def decode_fast_video(self, latents: torch.Tensor) -> torch.Tensor:
+        """The fast path's float output [1, 3, F, H, W] in [-1, 1] (tests, quality checks)."""
+        import torch
+
+        with torch.inference_mode():
+            chunks = list(self._run_chunks(self._as_clip(latents), self._video_step))
+            return torch.cat(chunks, dim=2)
+
+    def finish_warmup(self) -> None:
+        """After warmup decodes: a compile from now on is a recompile (logged, counted)."""
+        for step in (self._uint8_step, self._video_step):
+            if hasattr(step, "finish_warmup"):
+                step.finish_warmup()
+
+    @property
+    def num_recompiles(self) -> int:
+        return sum(getattr(step, "num_recompiles", 0) for step in (self._uint8_step, self._video_step))
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _as_clip(self, latents: torch.Tensor) -> torch.Tensor:
+        if latents.dim() == 4:
+            latents = latents.unsqueeze(0)
+        if latents.dim() != 5 or latents.shape[0] != 1 or latents.shape[2] < 1:
+            raise ValueError(f"decode one clip at a time: latents [C, F, H, W], got {tuple(latents.shape)}")
+        return latents
+
+    def _run_chunks(self, latents: torch.Tensor, step):
+        """Yield the step output for each latent frame in order, carrying the causal tails."""
+        import torch
+
+        x = latents.to(self.device, self.dtype)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        tails = None
+        for index in range(x.shape[2]):
+            output, tails = step(x[:, :, index : index + 1], tails)
+            yield output
+
+    def _step_video(self, x: torch.Tensor, tails: list[torch.Tensor] | None):
+        # x: [1, z, 1, h, w] -> video [1, 3, f, H, W]
+        frames, tails = self.decoder.decode_chunk(self.decoder.post_quant_conv(x), tails)
+        return self.decoder.to_video(frames).clamp(-1.0, 1.0), tails
+
+    def _step_uint8(self, x: torch.Tensor, tails: list[torch.Tensor] | None):
+        # x: [1, z, 1, h, w] -> uint8 frames [f, H, W, 3]
+        frames, tails = self.decoder.decode_chunk(self.decoder.post_quant_conv(x), tails)
+        return to_uint8_frames(self.decoder.to_video(frames))[0], tails
