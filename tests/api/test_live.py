@@ -1,0 +1,170 @@
+"""End to end: the official `openai` client and our SDK against a live uvicorn server whose app owns
+the REAL Runtime (worker subprocesses). Images use the embedded tiny-digits model once it exists,
+otherwise a numpy test model; videos use a numpy test video model (tiny-digits makes images)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from mstar.api.app import create_app
+from mstar.api.media import decode_mp4
+from mstar.client import Client, MstarError
+from mstar.config import ServerConfig
+from tests.api.live import LiveServer
+from tests.api.live_models import LiveImageSpec, LiveVideoSpec
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # openai marks videos.* deprecated
+KEY = "live-key"
+
+
+def image_spec():
+    """tiny-digits when its spec has landed, else the numpy stand-in."""
+    try:
+        from mstar.models.registry import get_model_spec
+
+        return get_model_spec("tiny-digits")
+    except ImportError:
+        return LiveImageSpec()
+
+
+def serve(spec, **config_fields):
+    config = ServerConfig(model=spec.name, api_key=KEY, warmup=False, **config_fields)
+    return LiveServer(create_app(config, spec))
+
+
+@pytest.fixture(scope="module")
+def image_server():
+    with serve(image_spec()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def video_server():
+    with serve(LiveVideoSpec()) as server:
+        yield server
+
+
+def openai_client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def test_openai_images_generate(image_server):
+    spec_name = httpx.get(
+        f"{image_server.base_url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}
+    ).json()
+    model = spec_name["data"][0]["id"]
+    result = openai_client(image_server).images.generate(
+        model=model, prompt="a handwritten 7", n=2, extra_body={"seed": 3, "num_inference_steps": 2}
+    )
+    images = [np.asarray(Image.open(io.BytesIO(base64.b64decode(item.b64_json)))) for item in result.data]
+    assert len(images) == 2 and images[0].dtype == np.uint8 and images[0].ndim == 3
+    assert result.size == f"{images[0].shape[1]}x{images[0].shape[0]}"
+    assert not np.array_equal(images[0], images[1]), "n=2 must use seeds seed and seed+1"
+    again = openai_client(image_server).images.generate(
+        model=model, prompt="a handwritten 7", extra_body={"seed": 3, "num_inference_steps": 2}
+    )
+    assert np.array_equal(
+        np.asarray(Image.open(io.BytesIO(base64.b64decode(again.data[0].b64_json)))), images[0]
+    )
+
+
+def test_openai_images_url_and_jpeg(image_server):
+    result = openai_client(image_server).images.generate(
+        prompt="a 1", response_format="url", output_format="jpeg", extra_body={"num_inference_steps": 1}
+    )
+    response = httpx.get(result.data[0].url)  # a capability URL: no key needed
+    assert response.status_code == 200 and response.headers["content-type"] == "image/jpeg"
+    assert Image.open(io.BytesIO(response.content)).format == "JPEG"
+
+
+def test_openai_errors_are_typed(image_server):
+    client = openai_client(image_server)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.images.generate(prompt="x", n=0)
+    assert bad.value.status_code == 400 and bad.value.body["param"] == "n"
+    with pytest.raises(openai.NotFoundError):
+        client.images.generate(prompt="x", model="dall-e-3")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{image_server.base_url}/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.BadRequestError) as mode:
+        client.videos.create(prompt="x")
+    assert mode.value.body["code"] == "unsupported_mode"
+
+
+def test_openai_video_create_retrieve_download(video_server):
+    client = openai_client(video_server)
+    video = client.videos.create(
+        model="live-video", prompt="a cat", seconds="1", size="32x48",
+        extra_body={"fps": 8, "num_inference_steps": 4, "seed": 5},
+    )  # fmt: skip
+    assert video.status == "queued" and video.seconds == "1" and video.size == "32x48"
+    seen_progress = set()
+    deadline = time.monotonic() + 30
+    while video.status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.02)
+        video = client.videos.retrieve(video.id)
+        seen_progress.add(video.progress)
+    assert video.status == "completed" and video.progress == 100
+    assert any(0 < p < 100 for p in seen_progress), seen_progress
+    frames = decode_mp4(client.videos.download_content(video.id).read())
+    assert frames.shape == (9, 48, 32, 3)  # 1 s at 8 fps -> 4k+1 = 9 frames
+    listed = client.videos.list(limit=10)
+    assert video.id in [item.id for item in listed.data]
+
+
+def test_openai_video_with_input_reference_and_cancel(video_server):
+    client = openai_client(video_server)
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (0, 128, 255)).save(buffer, format="PNG")
+    video = client.videos.create(
+        model="live-video", prompt="a cat", input_reference=("ref.png", buffer.getvalue(), "image/png"),
+        extra_body={"num_frames": 5, "num_inference_steps": 40},
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while video.status != "in_progress" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        video = client.videos.retrieve(video.id)
+    deleted = client.videos.delete(video.id)
+    assert deleted.deleted is True and deleted.id == video.id
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(video.id)
+    metrics = httpx.get(f"{video_server.base_url}/metrics").text
+    assert 'outcome="aborted"' in metrics or "num_requests_running" in metrics
+    deadline = time.monotonic() + 10
+    while 'mstar:num_requests_running{model_name="live-video"} 0.0' not in metrics:
+        assert time.monotonic() < deadline, "the cancelled request kept running"
+        time.sleep(0.05)
+        metrics = httpx.get(f"{video_server.base_url}/metrics").text
+    assert 'mstar:requests_total{model_name="live-video",outcome="aborted"}' in metrics
+
+
+def test_sdk_against_live_servers(image_server, video_server):
+    with Client(image_server.base_url, api_key=KEY) as client:
+        assert client.health() and client.ready()
+        png = client.generate_image("a 4", seed=1, num_inference_steps=1)
+        assert png.startswith(b"\x89PNG")
+        with pytest.raises(MstarError) as error:
+            client.generate_image("x", num_inference_steps=0)
+        assert error.value.status_code == 400 and error.value.param == "num_inference_steps"
+    progress: list[int] = []
+    with Client(video_server.base_url, api_key=KEY) as client:
+        mp4 = client.generate_video(
+            "a dog", num_frames=5, num_inference_steps=4, on_progress=progress.append, poll_interval_s=0.02
+        )
+    assert decode_mp4(mp4).shape[0] == 5
+    assert progress[-1] == 100 and progress == sorted(progress)
+
+
+def test_live_health_ready_metrics(video_server):
+    assert httpx.get(f"{video_server.base_url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{video_server.base_url}/ready").status_code == 200
+    metrics = httpx.get(f"{video_server.base_url}/metrics").text
+    assert 'mstar:step_duration_seconds_count{model_name="live-video",node="dit"}' in metrics
