@@ -1,0 +1,105 @@
+"""The runtime end to end over two worker processes (fake numpy models, ipc transport)."""
+
+import numpy as np
+import pytest
+
+from mstar.errors import RequestFailed
+from mstar.runtime.events import Done, Failed, Progress
+from mstar.runtime.runtime import Runtime
+from tests.runtime.fake_models import FakeSpec, expected_frame_value
+from tests.runtime.helpers import final_event, make_config, run, until_progress, wait_for
+
+
+@pytest.fixture(scope="module")
+def runtime(loop):
+    progress_calls = []
+    rt = Runtime(make_config(), FakeSpec())
+    run(loop, rt.start(on_progress=lambda rid, step, total: progress_calls.append((rid, step, total))))
+    rt.progress_calls = progress_calls
+    yield rt
+    run(loop, rt.shutdown(timeout_s=2.0))
+
+
+def test_request_crosses_both_workers_with_tensors(loop, runtime):
+    assert runtime.ready
+    image = np.ones((2, 3), np.float32)  # adds 6 to the embeddings
+    handle = runtime.submit({"seed": 5, "steps": 4}, inputs={"image": image}, request_id="cross")
+    events = run(loop, _collect(handle))
+    assert [(e.step, e.total) for e in events if isinstance(e, Progress)] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert isinstance(events[-1], Done)
+    frames = events[-1].outputs["frames"]
+    assert frames.dtype == np.uint8 and frames.shape == (1, 2, 2, 3)
+    assert int(frames[0, 0, 0, 0]) == (4 * 5 + 6 + 4) % 256
+    assert ("cross", 4, 4) in runtime.progress_calls
+
+
+def test_requests_join_a_running_loop_and_leave_it(loop, runtime):
+    long = runtime.submit({"seed": 1, "steps": 8, "step_sleep_s": 0.05})
+    long_events = long.events()
+    run(loop, until_progress(long_events, 2))
+    short = runtime.submit({"seed": 2, "steps": 2, "step_sleep_s": 0.05})
+    short_sizes = run(loop, short.result())["batch_sizes"].tolist()
+    long_sizes = run(loop, long.result())["batch_sizes"].tolist()
+    assert short_sizes == [2, 2]
+    assert long_sizes[:2] == [1, 1] and long_sizes.count(2) == 2 and long_sizes[-1] == 1
+
+
+def test_abort_mid_loop_frees_state_on_every_worker(loop, runtime, tmp_path):
+    release_log = tmp_path / "releases.txt"
+    params = {"seed": 1, "steps": 500, "step_sleep_s": 0.01, "release_log": str(release_log)}
+    handle = runtime.submit(params, request_id="to-abort")
+    events = handle.events()
+    run(loop, until_progress(events, 3))
+    assert runtime.abort("to-abort") and not runtime.abort("to-abort")
+    event = run(loop, final_event(events))
+    assert isinstance(event, Failed) and event.kind == "aborted"
+
+    def released_everywhere():
+        lines = release_log.read_text().split() if release_log.exists() else []
+        entries = {tuple(lines[i : i + 3]) for i in range(0, len(lines), 3)}
+        return {node for _, node, _ in entries} == {"encoder", "aux", "denoiser"}
+
+    run(loop, wait_for(released_everywhere))
+    pids = {line.split()[0] for line in release_log.read_text().splitlines()}
+    assert pids == {str(pid) for pid in runtime.worker_pids()}
+    run(loop, wait_for(lambda: runtime.stats().num_worker_requests == (0, 0)))  # heartbeats report it
+    assert runtime.stats().num_running == 0
+
+
+def test_one_request_fails_while_its_batch_mates_finish(loop, runtime):
+    bad = runtime.submit({"seed": 1, "steps": 5, "fail": "denoiser.stop", "step_sleep_s": 0.02})
+    good = runtime.submit({"seed": 3, "steps": 5, "step_sleep_s": 0.02})
+    with pytest.raises(RequestFailed, match="stop rule broke") as failure:
+        run(loop, bad.result())
+    assert failure.value.kind == "error"
+    assert int(run(loop, good.result())["frames"][0, 0, 0, 0]) == expected_frame_value(3, 5)
+
+
+def test_forward_failure_fails_only_its_batch(loop, runtime):
+    boom = runtime.submit({"seed": 1, "steps": 3, "key": "k1", "fail": "denoiser.forward"})
+    fine = runtime.submit({"seed": 2, "steps": 3, "key": "k2"})
+    bad_prepare = runtime.submit({"seed": 2, "fail": "encoder.prepare"})
+    with pytest.raises(RequestFailed, match="kernel exploded"):
+        run(loop, boom.result())
+    with pytest.raises(RequestFailed, match="bad prompt"):
+        run(loop, bad_prepare.result())
+    assert int(run(loop, fine.result())["frames"][0, 0, 0, 0]) == expected_frame_value(2, 3)
+
+
+def test_deadline_fails_the_request_with_timeout(loop, runtime):
+    handle = runtime.submit({"seed": 1, "steps": 500, "step_sleep_s": 0.01}, timeout_s=0.5)
+    event = run(loop, final_event(handle.events()))
+    assert isinstance(event, Failed) and event.kind == "timeout"
+    run(loop, wait_for(lambda: runtime.stats().num_worker_requests == (0, 0)))
+
+
+def test_no_shared_memory_is_left_after_requests(loop, runtime):
+    handles = [runtime.submit({"seed": seed, "steps": 2}) for seed in range(6)]
+    for seed, handle in enumerate(handles):
+        assert int(run(loop, handle.result())["frames"][0, 0, 0, 0]) == expected_frame_value(seed, 2)
+    assert runtime._store.list_segments() == []
+    assert runtime.stats().num_running == 0 and runtime.stats().num_waiting == 0
+
+
+async def _collect(handle):
+    return [event async for event in handle.events()]

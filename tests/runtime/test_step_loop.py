@@ -1,0 +1,133 @@
+"""Walk semantics and batching in one worker's step loop, in-process (no subprocesses)."""
+
+import numpy as np
+import pytest
+import zmq
+
+from mstar.runtime import messages as m
+from mstar.runtime.shm import SegmentStore
+from mstar.runtime.step_loop import StepLoop
+from mstar.runtime.tensors import export_tensors, import_outputs
+from mstar.runtime.transport import Outboxes
+from tests.runtime.fake_models import NODE_CLASSES, FakeSpec, expected_frame_value
+
+
+@pytest.fixture
+def store(tmp_path):
+    return SegmentStore(str(tmp_path), "test-")
+
+
+@pytest.fixture
+def sent():
+    return []
+
+
+@pytest.fixture
+def loop(store, sent):
+    spec = FakeSpec()
+    nodes = {name: cls() for name, cls in NODE_CLASSES.items()}
+    owner = dict.fromkeys(spec.node_names, 0)
+    context = zmq.Context()
+    yield StepLoop(0, spec, nodes, owner, store, sent.append, Outboxes(context))
+    context.destroy(linger=0)
+
+
+def run_until_idle(loop, max_rounds=100):
+    for _ in range(max_rounds):
+        if not loop.has_work():
+            return
+        loop.run_round(lambda: None)
+    raise AssertionError("step loop did not go idle")
+
+
+def start_generate(loop, store, rid, **params):
+    """Enter the request at the denoise loop directly, with the encode walk's outputs as inputs."""
+    seed = params.setdefault("seed", 1)
+    tensors = {"embeds": np.full(4, seed, np.float32), "aux": np.arange(3, dtype=np.float32) * seed}
+    refs = export_tensors(store, rid, tensors)
+    loop.handle(m.RunWalk(rid, f"req-{rid}", params, "generate", m.CONDUCTOR, refs))
+
+
+def outputs_of(sent, store, rid):
+    done = [msg for msg in sent if isinstance(msg, m.WalkDone) and msg.rid == rid and msg.outputs]
+    assert len(done) == 1, f"{rid}: {sent}"
+    return import_outputs(store, done[0].outputs)
+
+
+def errors(sent):
+    return {msg.rid: msg.message for msg in sent if isinstance(msg, m.RequestError)}
+
+
+def test_walks_run_in_order_and_keep_only_declared_outputs(loop, store, sent):
+    loop.handle(m.RunWalk("a", "req-a", {"seed": 2, "steps": 3}, "encode", next_worker=0))
+    run_until_idle(loop)
+    assert [type(msg) for msg in sent if not isinstance(msg, m.StepStats)] == [m.WalkDone]
+    assert set(loop.table.get("a").state.tensors) == {"embeds", "aux"}
+
+    loop.handle(m.RunWalk("a", "req-a", {"seed": 2, "steps": 3}, "generate", m.CONDUCTOR))
+    run_until_idle(loop)
+    outputs = outputs_of(sent, store, "a")
+    assert set(outputs) == {"frames", "batch_sizes"}  # "latents" was not a declared output
+    assert outputs["frames"].dtype == np.uint8 and outputs["frames"].shape == (1, 2, 2, 3)
+    assert int(outputs["frames"][0, 0, 0, 0]) == expected_frame_value(2, 3)
+    progress = [(msg.step, msg.total) for msg in sent if isinstance(msg, m.StepProgress)]
+    assert progress == [(1, 3), (2, 3), (3, 3)]
+    assert store.list_segments() == []
+
+
+def test_requests_join_and_leave_the_loop_between_steps(loop, store, sent):
+    start_generate(loop, store, "long", steps=6)
+    loop.run_round(lambda: None)
+    loop.run_round(lambda: None)
+    start_generate(loop, store, "short", steps=2)
+    run_until_idle(loop)
+    assert outputs_of(sent, store, "long")["batch_sizes"].tolist() == [1, 1, 2, 2, 1, 1]
+    assert outputs_of(sent, store, "short")["batch_sizes"].tolist() == [2, 2]
+
+
+def test_batch_key_separates_requests(loop, store, sent):
+    start_generate(loop, store, "a", steps=3, key="x")
+    start_generate(loop, store, "b", steps=3, key="y")
+    start_generate(loop, store, "c", steps=3, key="x")
+    run_until_idle(loop)
+    sizes = {rid: outputs_of(sent, store, rid)["batch_sizes"].tolist() for rid in "abc"}
+    assert sizes == {"a": [2, 2, 2], "b": [1, 1, 1], "c": [2, 2, 2]}
+
+
+def test_batches_are_capped_by_size_and_cost(loop, store, sent):
+    for index in range(6):
+        start_generate(loop, store, f"r{index}", steps=1)
+    start_generate(loop, store, "big1", steps=1, key="costly", cost=5)
+    start_generate(loop, store, "big2", steps=1, key="costly", cost=5)
+    run_until_idle(loop)
+    stats = [(s.batch_size, s.cost) for s in sent if isinstance(s, m.StepStats) and s.node == "denoiser"]
+    assert sorted(stats) == [(1, 5), (1, 5), (2, 2), (4, 4)]  # max_batch_size 4, max_step_cost 8
+
+
+def test_one_failing_request_leaves_its_batch_mates_running(loop, store, sent):
+    start_generate(loop, store, "bad", steps=5, fail="denoiser.stop")
+    start_generate(loop, store, "good", steps=5)
+    run_until_idle(loop)
+    assert "stop rule broke" in errors(sent)["bad"]
+    assert outputs_of(sent, store, "good")["batch_sizes"].tolist() == [2, 2, 1, 1, 1]
+    assert loop.table.rids() == ["good"]  # "bad" was dropped with its state
+
+
+def test_forward_failure_fails_only_that_batch(loop, store, sent):
+    start_generate(loop, store, "boom", steps=3, key="k1", fail="denoiser.forward")
+    start_generate(loop, store, "fine", steps=3, key="k2")
+    run_until_idle(loop)
+    assert "kernel exploded" in errors(sent)["boom"]
+    assert int(outputs_of(sent, store, "fine")["frames"][0, 0, 0, 0]) == expected_frame_value(1, 3)
+
+
+def test_release_mid_loop_drops_state_and_late_messages(loop, store, sent):
+    start_generate(loop, store, "a", steps=50)
+    loop.run_round(lambda: None)
+    request = loop.table.get("a")
+    assert request.state.state["denoiser"]["step"] == 1
+    loop.handle(m.Release("a"))
+    assert not loop.has_work() and len(loop.table) == 0
+    assert request.state.state == {} and request.state.tensors == {}
+    start_generate(loop, store, "a", steps=1)  # a straggler for an ended request is dropped
+    assert len(loop.table) == 0 and store.list_segments() == []
