@@ -109,14 +109,18 @@ def _report_parser(sub: Any) -> None:
     parser.add_argument("results", nargs="+", type=Path, help="result JSON files or folders")
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument(
-        "--command", action="append", default=[], help="an exact command of the run (repeatable)"
+        "--command",
+        action="append",
+        default=[],
+        dest="commands",
+        help="an exact command of the run (repeatable)",
     )
     parser.add_argument("--title", help="section heading (default: date and GPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="benchmark", required=True)
     for add in (_serve_parser, _step_parser, _diffusers_parser, _report_parser):
         add(sub)
     return parser
@@ -159,13 +163,13 @@ def _serve_options(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    if args.command == "serve":
+    if args.benchmark == "serve":
         from mstar.bench.serve import run_serve_benchmark
 
         result = run_serve_benchmark(_serve_options(args), args.concurrency, args.request_rate)
         result["workload"] = args.workload
         return result
-    if args.command == "step":
+    if args.benchmark == "step":
         from mstar.bench.step import StepOptions, run_step_benchmark
 
         names = (
@@ -191,7 +195,7 @@ def _report(args: argparse.Namespace) -> int:
     if not results:
         print(f"no benchmark results found in {[str(p) for p in args.results]}", file=sys.stderr)
         return 1
-    commands = args.command or sorted({r.get("env", {}).get("command", "") for r in results} - {""})
+    commands = args.commands or sorted({r.get("env", {}).get("command", "") for r in results} - {""})
     update_benchmarks_doc(args.doc, run_section(results, commands, args.title))
     print(f"{args.doc}: added a section from {len(results)} result file(s)")
     return 0
@@ -199,13 +203,13 @@ def _report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "report":
+    if args.benchmark == "report":
         return _report(args)
     from mstar.bench.env import env_info
     from mstar.bench.report import result_markdown
 
     result = _run(args, argv)
-    result["env"] = env_info(argv, with_cuda=args.command != "serve")
+    result["env"] = env_info(argv, with_cuda=args.benchmark != "serve")
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2, default=str))

@@ -74,7 +74,7 @@ def build_pipeline(workload: EndToEndWorkload, device: str, seed: int) -> Any:
         from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 
         with torch.device(device):
-            transformer = WanTransformer3DModel(**configs["transformer"]).to(dit_dtype)
+            transformer = WanTransformer3DModel(**configs["transformer"])
             vae = AutoencoderKLWan(**configs["vae"]).to(torch.float32)
         scheduler = UniPCMultistepScheduler(**configs["scheduler"])
         return WanPipeline(
@@ -93,7 +93,7 @@ def build_pipeline(workload: EndToEndWorkload, device: str, seed: int) -> Any:
     )
 
     with torch.device(device):
-        transformer = ZImageTransformer2DModel(**configs["transformer"]).to(dit_dtype)
+        transformer = ZImageTransformer2DModel(**configs["transformer"])
         vae = AutoencoderKL(**configs["vae"]).to(dit_dtype)
     scheduler = FlowMatchEulerDiscreteScheduler(**configs["scheduler"])
     return ZImagePipeline(

@@ -1,0 +1,88 @@
+"""The FLOP counter against hand counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mstar.bench import flops
+from mstar.bench.configs import WAN22_TI2V_5B_TRANSFORMER, ZIMAGE_TURBO_TRANSFORMER
+
+SMALL_WAN = {
+    "patch_size": [1, 2, 2],
+    "num_attention_heads": 2,
+    "attention_head_dim": 4,
+    "in_channels": 3,
+    "out_channels": 3,
+    "text_dim": 5,
+    "freq_dim": 6,
+    "ffn_dim": 16,
+    "num_layers": 2,
+}
+
+
+def test_small_wan_by_hand():
+    # dim 8, 10 latent tokens, 7 text tokens, 2 layers
+    count = flops.count_forward(flops.wan_arch(SMALL_WAN), [flops.Segment(image_tokens=10, text_tokens=7)])
+    per_layer_gemm = (
+        4 * 2 * 10 * 8 * 8  # self q, k, v, out: 2560
+        + 2 * 2 * 10 * 8 * 8  # cross q, out on latent tokens: 2560
+        + 2 * 2 * 7 * 8 * 8  # cross k, v on text tokens: 1792
+        + 2 * 2 * 10 * 8 * 16  # FFN up and down: 5120
+    )
+    embed_gemm = (
+        2 * 10 * 12 * 8  # patch embedding: 3 channels x 1x2x2 patch -> 8
+        + 2 * 7 * 5 * 8  # text projection layer 1
+        + 2 * 7 * 8 * 8  # text projection layer 2
+        + 2 * 1 * 6 * 8  # time embedder layer 1 (one timestep)
+        + 2 * 1 * 8 * 8  # time embedder layer 2
+        + 2 * 1 * 8 * 48  # modulation projection to 6 x dim
+        + 2 * 10 * 8 * 12  # proj_out
+    )
+    per_layer_attention = 4 * 10 * 10 * 2 * 4 + 4 * 10 * 7 * 2 * 4  # self (QK^T + PV) and cross
+    assert count.gemm == 2 * per_layer_gemm + embed_gemm
+    assert count.attention == 2 * per_layer_attention
+    assert count.total == count.gemm + count.attention
+
+
+def test_packed_segments_attend_only_to_themselves():
+    arch = flops.wan_arch(SMALL_WAN)
+    one = flops.count_forward(arch, [flops.Segment(10, 7)])
+    two = flops.count_forward(arch, [flops.Segment(10, 7), flops.Segment(10, 7)])
+    assert two.attention == 2 * one.attention  # not (20 tokens)^2
+    assert two.gemm == 2 * one.gemm
+
+
+def test_zimage_refiners_and_swiglu_by_hand():
+    config = {
+        "dim": 8,
+        "n_heads": 2,
+        "n_layers": 1,
+        "n_refiner_layers": 1,
+        "in_channels": 1,
+        "cap_feat_dim": 4,
+    }
+    arch = flops.zimage_arch(config)
+    assert arch.ffn_dim == 21 and arch.num_ffn_matrices == 3 and arch.head_dim == 4
+    image, text = 6, 2
+
+    def block(tokens: int) -> tuple[int, int]:
+        return 4 * 2 * tokens * 64 + 3 * 2 * tokens * 8 * 21, 4 * tokens * tokens * 2 * 4
+
+    gemm = block(image)[0] + block(text)[0] + block(image + text)[0]
+    gemm += 2 * image * 4 * 8 + 2 * text * 4 * 8 + 2 * (image + text) * 8 * 4  # x/cap embed, final
+    attention = block(image)[1] + block(text)[1] + block(image + text)[1]
+    count = flops.count_forward(arch, [flops.Segment(image, text)])
+    assert (count.gemm, count.attention) == (gemm, attention)
+
+
+def test_real_shapes_and_roofline():
+    assert flops.wan_latent_tokens(832, 480, 33, WAN22_TI2V_5B_TRANSFORMER) == 3510
+    assert flops.wan_latent_tokens(1280, 704, 121, WAN22_TI2V_5B_TRANSFORMER) == 27280
+    assert flops.zimage_image_tokens(1024, 1024, ZIMAGE_TURBO_TRANSFORMER) == 4096
+    assert flops.pad_to_multiple(4096 + 1) == 4128 and flops.pad_to_multiple(128) == 128
+    wan = flops.count_forward(flops.wan_arch(WAN22_TI2V_5B_TRANSFORMER), [flops.Segment(3510, 512)])
+    # ~2 x 5B params x 3,510 tokens of GEMMs, less the cross-attention K/V weights (0.57B), which
+    # see only the 512 text tokens
+    assert 2 * 4.3e9 * 3510 < wan.gemm < 2 * 4.6e9 * 3510
+    count = flops.FlopCount(gemm=780e12, attention=660e12)
+    assert count.roofline_s() == pytest.approx(2.0)
