@@ -64,3 +64,10 @@ class LiveVideoSpec(_LiveNodes, FakeVideoSpec):
         resolved = super().validate(params)
         resolved["step_sleep_s"] = 0.05  # slow enough to observe in_progress and to cancel
         return resolved
+
+
+class BrokenBootImageSpec(LiveImageSpec):
+    """Fails in build_nodes the way an unusable attention backend does."""
+
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
+        raise ValueError("attention backend 'fa3' cannot run on device 'cpu'")

@@ -1,0 +1,118 @@
+"""`mstar serve`, `mstar generate` and the `mstar bench` dispatch."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from mstar import cli
+from mstar.api.media import decode_mp4
+from tests.api.fakes import seeded_frames
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_SPEC = "tests.api.live_models:LiveImageSpec"
+VIDEO_SPEC = "tests.api.live_models:LiveVideoSpec"
+
+
+def start_serve(*args: str, env_key: str | None = None) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("MSTAR_API_KEY", None)
+    if env_key:
+        env["MSTAR_API_KEY"] = env_key
+    return subprocess.Popen(
+        [sys.executable, "-m", "mstar.cli", "serve", *args],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def read_until(stream, marker: str, timeout_s: float = 60.0) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line)
+        if marker in line:
+            return lines
+    raise AssertionError(f"'{marker}' never printed; got {lines}")
+
+
+def test_serve_echoes_config_listens_and_guards(tmp_path):
+    config_file = tmp_path / "server.yaml"
+    config_file.write_text("max_queue_size: 3\nwarmup: false\n")
+    process = start_serve(IMAGE_SPEC, "--port", "0", "--config", str(config_file), env_key="env-key")
+    try:
+        lines = read_until(process.stdout, "mstar: serving")
+        echoed = "".join(lines)
+        assert "max_queue_size: 3" in echoed and "api_key: <set>" in echoed and "env-key" not in echoed
+        base_url = lines[-1].split(" on ")[1].split()[0]
+        assert base_url.startswith("http://127.0.0.1:")
+        assert httpx.get(f"{base_url}/health").status_code == 200
+        assert httpx.get(f"{base_url}/v1/models").status_code == 401
+        models = httpx.get(f"{base_url}/v1/models", headers={"Authorization": "Bearer env-key"}).json()
+        assert models["data"][0]["id"] == "live-image"
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+    assert process.returncode == 0
+
+
+def test_serve_exits_nonzero_with_the_boot_error():
+    process = start_serve("tests.api.live_models:BrokenBootImageSpec", "--port", "0")
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "boot failed" in stderr and "attention backend 'fa3' cannot run on device 'cpu'" in stderr
+
+
+def test_serve_rejects_a_bad_flag_value(capsys):
+    assert cli.main(["serve", IMAGE_SPEC, "--device", "tpu"]) == 2
+    assert "device" in capsys.readouterr().err
+
+
+def test_generate_image(tmp_path):
+    output = tmp_path / "digit.png"
+    assert cli.main(["generate", IMAGE_SPEC, "--prompt", "a 3", "--steps", "2", "--seed", "4",
+                     "--size", "48x32", "-o", str(output)]) == 0  # fmt: skip
+    image = np.asarray(Image.open(io.BytesIO(output.read_bytes())))
+    params = {"seed": 4, "num_frames": 1, "height": 32, "width": 48}
+    assert np.array_equal(image, seeded_frames(params)[0])
+
+
+def test_generate_video(tmp_path):
+    output = tmp_path / "clip.mp4"
+    assert cli.main(["generate", VIDEO_SPEC, "--prompt", "x", "--steps", "2", "--num-frames", "5",
+                     "-o", str(output)]) == 0  # fmt: skip
+    assert decode_mp4(output.read_bytes()).shape == (5, 32, 32, 3)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", IMAGE_SPEC, "--prompt", "x", "-o", "out.mp4"], "output"),
+        (["generate", IMAGE_SPEC, "--prompt", "x", "--steps", "99", "-o", "out.png"], "num_inference_steps"),
+        (["generate", "no-such-model", "--prompt", "x", "-o", "out.png"], "no-such-model"),
+    ],
+)
+def test_generate_refuses_bad_input_before_boot(args, message, capsys):
+    assert cli.main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_dispatches_lazily(monkeypatch):
+    import mstar.bench.cli as bench_cli
+
+    seen = []
+    monkeypatch.setattr(bench_cli, "main", lambda argv: seen.append(argv) or 7)
+    assert cli.main(["bench", "serve", "--url", "http://x"]) == 7
+    assert seen == [["serve", "--url", "http://x"]]
