@@ -28,6 +28,8 @@ from mstar.models.wan22.dit_layers import (
     rotary_tables,
 )
 
+MAX_CACHED_GRIDS = 64
+
 
 @dataclass
 class DiTInput:
@@ -75,6 +77,7 @@ class WanDiT(nn.Module):
         )
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self._rotary_tables = rotary_tables(config.attention_head_dim, config.rope_max_seq_len)
+        self._rotary_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -115,7 +118,7 @@ class WanDiT(nn.Module):
             embedded = self.patch_embedding(item.latents.to(device, dtype).unsqueeze(0))[0]
             grids.append(tuple(embedded.shape[1:]))
             patches.append(embedded.flatten(1).transpose(0, 1))
-            cos, sin = grid_rotary(self._rotary_tables, grids[-1])
+            cos, sin = self._grid_rotary(grids[-1], device)
             rotary_cos.append(cos)
             rotary_sin.append(sin)
         token_counts = tuple(p.shape[0] for p in patches)
@@ -128,11 +131,23 @@ class WanDiT(nn.Module):
             temb_rows=temb_rows,
             modulation_rows=modulation_rows,
             row_index=row_index.to(device),
-            rotary=(torch.cat(rotary_cos).to(device), torch.cat(rotary_sin).to(device)),
+            rotary=(torch.cat(rotary_cos), torch.cat(rotary_sin)),
             grids=grids,
             token_counts=token_counts,
             text_counts=tuple(t.shape[0] for t in texts),
         )
+
+    def _grid_rotary(
+        self, grid: tuple[int, int, int], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary cos/sin of one patch grid, cached on the device (sizes repeat every step)."""
+        key = (grid, str(device))
+        if key not in self._rotary_cache:
+            if len(self._rotary_cache) >= MAX_CACHED_GRIDS:
+                self._rotary_cache.pop(next(iter(self._rotary_cache)))
+            cos, sin = grid_rotary(self._rotary_tables, grid)
+            self._rotary_cache[key] = (cos.to(device), sin.to(device))
+        return self._rotary_cache[key]
 
     @staticmethod
     def _timestep_rows(items, grids, token_counts) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,10 +42,12 @@ def rotary_tables(head_dim: int, max_seq_len: int, theta: float = 10000.0) -> li
     """Angles per position for the frame, height and width parts of a head: 3 float64 [max_seq_len, d/2]."""
     h_dim = w_dim = 2 * (head_dim // 6)
     t_dim = head_dim - h_dim - w_dim
-    positions = torch.arange(max_seq_len, dtype=torch.float64)
+    # Explicit CPU: the model may be built under a meta-device context.
+    positions = torch.arange(max_seq_len, dtype=torch.float64, device="cpu")
     tables = []
     for dim in (t_dim, h_dim, w_dim):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64)[: dim // 2] / dim))
+        exponents = torch.arange(0, dim, 2, dtype=torch.float64, device="cpu")[: dim // 2] / dim
+        inv_freq = 1.0 / (theta**exponents)
         tables.append(torch.outer(positions, inv_freq))
     return tables
 
