@@ -70,9 +70,10 @@ class Generator:
         if not self.runtime.ready:
             raise ApiError(
                 503,
-                "The server is starting or a worker is restarting.",
+                "The server is starting or a worker is restarting; retry shortly.",
                 type="server_error",
                 code="not_ready",
+                headers={"Retry-After": "5"},
             )
 
     def validate(self, params: GenerationParams) -> dict[str, Any]:
