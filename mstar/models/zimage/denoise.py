@@ -1,0 +1,112 @@
+"""Z-Image's hooks into the shared DenoiseNode: initial latents and sampler per request, the
+packed DiT call, and the pipeline's guidance rule.
+
+As ZImagePipeline: latents are float32 CPU-seeded noise [16, 2*(H//16), 2*(W//16)]; sigmas are
+linspace(1, 1/N, N) shifted by the scheduler's static shift; the DiT sees (1000 - t) / 1000 and
+predicts the negated velocity; guidance runs whenever guidance_scale > 0 as
+pos + scale * (pos - neg).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart
+from mstar.diffusion.noise import seeded_noise
+from mstar.diffusion.samplers import FlowMatchEulerSampler, linear_sigmas
+from mstar.graph import RequestState
+from mstar.models.zimage.config import ZImageConfig
+from mstar.models.zimage.dit import DiTInput, ZImageDiT, padded_len
+from mstar.models.zimage.text_encoder import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS, uses_guidance
+
+LATENTS = "latents"
+
+
+def model_timestep(timestep: float) -> float:
+    """Scheduler timestep (0..1000) -> the DiT's input, (1000 - t) / 1000 in float32 as the pipeline."""
+    t = torch.tensor(timestep, dtype=torch.float32)
+    return float((1000 - t) / 1000)
+
+
+def zimage_guidance(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """The pipeline's rule: pos + scale * (pos - neg) (no truncation/renormalisation by default)."""
+    return cond + scale * (cond - uncond)
+
+
+def latent_size(height: int, width: int, vae_scale: int) -> tuple[int, int]:
+    return 2 * (height // (vae_scale * 2)), 2 * (width // (vae_scale * 2))
+
+
+class ZImageDenoiser:
+    """Runs the DiT once over every (request, label) item of the step."""
+
+    def __init__(self, dit: ZImageDiT, attn, device: torch.device | str):
+        self.dit = dit
+        self.attn = attn
+        self.device = torch.device(device)
+
+    @torch.inference_mode()
+    def predict(self, items: list[DenoiseItem]) -> list[torch.Tensor]:
+        inputs = [
+            DiTInput(item.latents.to(self.device), model_timestep(item.timestep), item.text.to(self.device))
+            for item in items
+        ]
+        return [-out.float() for out in self.dit(inputs, self.attn)]  # the scheduler wants -velocity
+
+
+class ZImageHooks:
+    """`start` and `text` hooks for DenoiseNode, bound to the model's configs and device."""
+
+    def __init__(self, config: ZImageConfig, device: torch.device | str):
+        self.config = config
+        self.device = torch.device(device)
+
+    def start(self, request: RequestState) -> DenoiseStart:
+        params = request.params
+        height, width = latent_size(params["height"], params["width"], self.config.vae.spatial_scale)
+        num_steps = params["num_inference_steps"]
+        scheduler = self.config.scheduler
+        sampler = FlowMatchEulerSampler(num_steps, shift=scheduler.shift, sigmas=linear_sigmas(num_steps))
+        latents = seeded_noise(
+            (self.config.dit.in_channels, height, width), params["seed"], device=self.device
+        )
+        patch = self.config.dit.patch_size
+        num_image = padded_len((height // patch) * (width // patch))
+        num_tokens = num_image + padded_len(request.tensors[PROMPT_EMBEDS].shape[0])
+        return DenoiseStart(
+            latents=latents,
+            sampler=sampler,
+            num_tokens=num_tokens,
+            guidance_scale=float(params.get("guidance_scale") or 0.0),
+            use_guidance=uses_guidance(params),
+        )
+
+    def text(self, request: RequestState, label: str) -> torch.Tensor:
+        return request.tensors[PROMPT_EMBEDS if label == COND else NEGATIVE_PROMPT_EMBEDS]
+
+
+class ZImageDenoiseNode(DenoiseNode):
+    """DenoiseNode with Z-Image's warmup: one step per configured size, then recompiles count."""
+
+    def __init__(self, name: str, denoiser: ZImageDenoiser, hooks: ZImageHooks, warmup_sizes, **kwargs):
+        super().__init__(
+            name, denoiser, start=hooks.start, text=hooks.text, output_tensor=LATENTS,
+            combine_guidance=zimage_guidance, **kwargs,
+        )  # fmt: skip
+        self.hooks = hooks
+        self.warmup_sizes = list(warmup_sizes)  # (width, height) pairs
+
+    def warmup(self) -> None:
+        config = self.hooks.config
+        caption = torch.zeros(64, config.dit.cap_feat_dim, device=self.hooks.device)
+        for width, height in self.warmup_sizes:
+            h, w = latent_size(height, width, config.vae.spatial_scale)
+            latents = torch.zeros(config.dit.in_channels, h, w, device=self.hooks.device)
+            item = DenoiseItem("warmup", COND, latents, 500.0, 0.5, 0, caption, {})
+            # One item and a pair: a batch of one specialises the item dimension in the compile.
+            self.denoiser.predict([item])
+            self.denoiser.predict([item, item])
+        self.denoiser.dit.finish_warmup()
+
+    def num_recompiles(self) -> int:
+        return self.denoiser.dit.num_recompiles
