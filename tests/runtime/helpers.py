@@ -11,7 +11,8 @@ TWO_GROUPS = [NodeGroup(nodes=["encoder", "decoder"]), NodeGroup(nodes=["aux", "
 
 def make_config(**overrides) -> ServerConfig:
     overrides.setdefault("node_groups", TWO_GROUPS)
-    return ServerConfig(model=SPEC_PATH, **overrides)
+    overrides.setdefault("model", SPEC_PATH)
+    return ServerConfig(**overrides)
 
 
 def run(loop, awaitable, timeout_s: float = 20.0):

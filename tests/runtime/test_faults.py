@@ -1,0 +1,98 @@
+"""Worker crashes, boot failures, admission limits and clean shutdown."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from mstar.config import NodeGroup
+from mstar.errors import Overloaded, RequestFailed
+from mstar.runtime.events import Failed
+from mstar.runtime.runtime import Runtime
+from tests.runtime.fake_models import BrokenBootSpec, FakeSpec, expected_frame_value
+from tests.runtime.helpers import final_event, make_config, run, until_progress, wait_for
+
+LONG = {"seed": 1, "steps": 1000, "step_sleep_s": 0.02}
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_killed_worker_fails_its_requests_and_is_restarted(loop):
+    runtime = Runtime(make_config(), FakeSpec())
+    run(loop, runtime.start())
+    try:
+        handle = runtime.submit(LONG)
+        events = handle.events()
+        run(loop, until_progress(events, 2))
+        old_pids = runtime.worker_pids()
+        os.kill(old_pids[1], signal.SIGKILL)  # the denoiser's worker, mid-loop
+        started = time.monotonic()
+        event = run(loop, final_event(events), timeout_s=10.0)
+        assert isinstance(event, Failed) and event.kind == "worker_died"
+        assert time.monotonic() - started < 5.0
+        assert not runtime.ready  # the replacement is still booting
+        run(loop, wait_for(lambda: runtime.ready, timeout_s=20.0))
+        new_pids = runtime.worker_pids()
+        assert new_pids[0] == old_pids[0] and new_pids[1] not in (None, old_pids[1])
+        outputs = run(loop, runtime.submit({"seed": 7, "steps": 3}).result())
+        assert int(outputs["frames"][0, 0, 0, 0]) == expected_frame_value(7, 3)
+    finally:
+        run(loop, runtime.shutdown(timeout_s=1.0))
+
+
+def test_queue_full_raises_overloaded_over_tcp(loop):
+    config = make_config(
+        node_groups=[], transport="tcp", max_concurrent_requests=1, max_queue_size=1, worker_restart=False
+    )
+    runtime = Runtime(config, FakeSpec())
+    run(loop, runtime.start())
+    try:
+        running = runtime.submit(LONG)
+        waiting = runtime.submit({"seed": 4, "steps": 2})
+        assert (runtime.stats().num_running, runtime.stats().num_waiting) == (1, 1)
+        with pytest.raises(Overloaded):
+            runtime.submit({"seed": 5})
+        run(loop, until_progress(running.events(), 1))
+        assert runtime.abort(running.request_id)
+        assert int(run(loop, waiting.result())["frames"][0, 0, 0, 0]) == expected_frame_value(4, 2)
+    finally:
+        run(loop, runtime.shutdown(timeout_s=1.0))
+
+
+def test_boot_failure_raises_with_the_worker_error(loop):
+    runtime = Runtime(make_config(model="ignored"), BrokenBootSpec())
+    with pytest.raises(RuntimeError, match="cannot run on device 'cpu'") as failure:
+        run(loop, runtime.start())
+    assert "failed to boot" in str(failure.value)
+    assert all(pid is None for pid in runtime.worker_pids())
+    assert not runtime.ready
+
+
+def test_shutdown_fails_in_flight_requests_and_leaves_nothing(loop):
+    runtime = Runtime(make_config(), FakeSpec())
+    run(loop, runtime.start())
+    pids = runtime.worker_pids()
+    run_dir = runtime._run_dir
+    handle = runtime.submit(LONG)
+    run(loop, until_progress(handle.events(), 1))
+    run(loop, runtime.shutdown(timeout_s=0.2))
+    with pytest.raises(RequestFailed) as failure:
+        run(loop, handle.result())
+    assert failure.value.kind == "aborted"
+    assert not runtime.ready
+    assert not any(_process_exists(pid) for pid in pids)
+    assert runtime._store.list_segments() == [] and not os.path.exists(run_dir)
+    with pytest.raises(Overloaded):
+        runtime.submit({"seed": 1})
+
+
+def test_placement_errors_surface_before_any_process_starts():
+    with pytest.raises(ValueError, match="decoder"):
+        Runtime(make_config(node_groups=[NodeGroup(nodes=["encoder", "aux", "denoiser"])]), FakeSpec())
