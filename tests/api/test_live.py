@@ -26,13 +26,15 @@ KEY = "live-key"
 
 
 def image_spec():
-    """tiny-digits when its spec has landed, else the numpy stand-in."""
+    """tiny-digits once its spec and trained weights have landed, else the numpy stand-in."""
     try:
-        from mstar.models.registry import get_model_spec
-
-        return get_model_spec("tiny-digits")
+        from mstar.models.tiny_digits.config import CONFIG_FILE, DIT_FILE, WEIGHTS_DIR
+        from mstar.models.tiny_digits.model import TinyDigitsSpec
     except ImportError:
         return LiveImageSpec()
+    if not all((WEIGHTS_DIR / name).exists() for name in (CONFIG_FILE, DIT_FILE)):
+        return LiveImageSpec()
+    return TinyDigitsSpec()
 
 
 def serve(spec, **config_fields):
