@@ -20,7 +20,7 @@ from mstar.config import NodeGroup
 from mstar.runtime import messages as m
 from mstar.runtime.transport import Outboxes, bind_endpoint
 
-HEARTBEAT_TIMEOUT_S = 10.0
+HEARTBEAT_TIMEOUT_S = 30.0  # only catches frozen workers; exits are seen by polling at once
 MAX_RESTART_BACKOFF_S = 30.0
 EXIT_WAIT_S = 5.0
 
@@ -69,7 +69,8 @@ class WorkerPool:
             bind_endpoint=bind_endpoint(self._transport, self._run_dir, f"w{index}-{worker.incarnation}"),
             released=list(released),
         )
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        # The worker imports the spec's module by name: give it the API process's import path.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
         worker.popen = subprocess.Popen(
             [sys.executable, "-m", "mstar.runtime.worker", "--worker", str(index)],
             stdin=subprocess.PIPE,

@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from mstar.config import ServerConfig
+from mstar.errors import InvalidParam
 from mstar.graph import ModelSpec
 from mstar.models.registry import spec_path
 from mstar.runtime import messages as m
@@ -29,6 +30,7 @@ from mstar.runtime.handle import RequestHandle
 from mstar.runtime.metrics import MetricsSink, NullMetrics
 from mstar.runtime.pool import WorkerPool
 from mstar.runtime.shm import SegmentStore, default_segment_dir
+from mstar.runtime.tensors import NUMERIC_KINDS
 from mstar.runtime.transport import bind_endpoint, bind_inbox, make_run_dir
 
 __all__ = ["Done", "Failed", "Progress", "RequestHandle", "Runtime", "RuntimeStats"]
@@ -129,8 +131,9 @@ class Runtime:
         self._tasks = []
         if self._pool is not None:
             await asyncio.to_thread(self._pool.stop_all)
-        self._inbox.close(linger=0)
-        self._context.term()
+        if getattr(self, "_inbox", None) is not None:
+            self._inbox.close(linger=0)
+            self._context.term()
         self._store.sweep()
         shutil.rmtree(self._run_dir, ignore_errors=True)
         self._started = False
@@ -150,6 +153,7 @@ class Runtime:
     ) -> RequestHandle:
         if self._conductor is None:
             raise RuntimeError("Runtime.start() has not been awaited")
+        _check_inputs(inputs)
         return self._conductor.submit(params, inputs, timeout_s, request_id or uuid.uuid4().hex)
 
     def abort(self, request_id: str) -> bool:
@@ -212,6 +216,12 @@ class Runtime:
         for index in self._pool.due_restarts():
             log.info("restarting worker %d", index)
             self._pool.spawn(index, released=list(self._conductor.recently_ended))
+
+
+def _check_inputs(inputs: dict[str, np.ndarray] | None) -> None:
+    for key, value in (inputs or {}).items():
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in NUMERIC_KINDS:
+            raise InvalidParam(f"inputs.{key}", "must be a numeric numpy array")
 
 
 def _check_walks(spec: ModelSpec) -> None:

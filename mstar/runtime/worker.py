@@ -118,11 +118,26 @@ class Worker:
                 data = self.inbox.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            message = m.decode(data)
+            try:
+                message = m.decode(data)
+            except msgspec.DecodeError:
+                log.error("dropped an undecodable message (%d bytes)", len(data))
+                continue
             if isinstance(message, m.Shutdown):
                 self.stopping = True
             else:
-                self.loop.handle(message)
+                self._handle(message)
+
+    def _handle(self, message: m.Message) -> None:
+        """A bug while handling one request's message fails that request, not the worker."""
+        try:
+            self.loop.handle(message)
+        except Exception as exc:
+            log.exception("failed to handle %s", type(message).__name__)
+            rid = getattr(message, "rid", None)
+            if rid is not None:
+                self.loop.table.release(rid)
+                send(self.conductor, m.RequestError(rid, f"worker error: {exc}"))
 
     def _parent_alive(self) -> bool:
         return os.getppid() == self.parent_pid

@@ -4,7 +4,8 @@ worker subprocess as "tests.runtime.fake_models:FakeSpec".
 Walks: "encode" = Parallel(encoder, aux) -> "generate" = Loop(denoiser), decoder.
 With no input image the final frames value is 4 * seed + steps (mod 256).
 Per-request knobs in params: seed, steps, key (denoiser batch key), cost, step_sleep_s,
-fail ("encoder.prepare", "denoiser.forward", "denoiser.stop"), release_log (a file path).
+fail ("encoder.prepare", "denoiser.forward", "denoiser.stop"), release_log (a file path),
+recompile (each denoise step of the request counts as a recompile).
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class DenoiserNode(LoggingNode):
     max_batch_size = 4
     max_step_cost = 8
 
+    def __init__(self):
+        self._num_recompiles = 0
+
+    def num_recompiles(self) -> int:
+        return self._num_recompiles
+
     def prepare(self, request: RequestState) -> None:
         steps = int(request.params.get("steps", 3))
         request.state[self.name] = {"step": 0, "total": steps, "batch_sizes": []}
@@ -77,6 +84,7 @@ class DenoiserNode(LoggingNode):
         if any(r.params.get("fail") == "denoiser.forward" for r in batch):
             raise RuntimeError("kernel exploded")
         time.sleep(max(float(r.params.get("step_sleep_s", 0.0)) for r in batch))
+        self._num_recompiles += sum(1 for r in batch if r.params.get("recompile"))
         for request in batch:
             state = request.state[self.name]
             state["step"] += 1

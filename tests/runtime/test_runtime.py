@@ -10,10 +10,27 @@ from tests.runtime.fake_models import FakeSpec, expected_frame_value
 from tests.runtime.helpers import final_event, make_config, run, until_progress, wait_for
 
 
+class RecordingMetrics:
+    def __init__(self):
+        self.queue_times, self.steps, self.ends, self.recompiles = [], [], [], []
+
+    def observe_queue_time(self, seconds):
+        self.queue_times.append(seconds)
+
+    def observe_step(self, node, batch_size, cost, duration_s):
+        self.steps.append((node, batch_size, cost, duration_s))
+
+    def observe_request_end(self, outcome, latency_s):
+        self.ends.append(outcome)
+
+    def count_recompile(self, node, count):
+        self.recompiles.append((node, count))
+
+
 @pytest.fixture(scope="module")
 def runtime(loop):
     progress_calls = []
-    rt = Runtime(make_config(), FakeSpec())
+    rt = Runtime(make_config(), FakeSpec(), metrics=RecordingMetrics())
     run(loop, rt.start(on_progress=lambda rid, step, total: progress_calls.append((rid, step, total))))
     rt.progress_calls = progress_calls
     yield rt
@@ -99,6 +116,17 @@ def test_no_shared_memory_is_left_after_requests(loop, runtime):
         assert int(run(loop, handle.result())["frames"][0, 0, 0, 0]) == expected_frame_value(seed, 2)
     assert runtime._store.list_segments() == []
     assert runtime.stats().num_running == 0 and runtime.stats().num_waiting == 0
+
+
+def test_metrics_see_steps_endings_and_recompiles(loop, runtime):
+    metrics = runtime.metrics
+    before = len(metrics.ends)
+    run(loop, runtime.submit({"seed": 1, "steps": 2, "recompile": True, "cost": 3}).result())
+    assert metrics.ends[before:] == ["completed"]
+    assert metrics.recompiles == [("denoiser", 1), ("denoiser", 1)]  # one per step that recompiled
+    assert ("denoiser", 1, 3) in [step[:3] for step in metrics.steps]
+    assert {step[0] for step in metrics.steps} == {"encoder", "aux", "denoiser", "decoder"}
+    assert all(step[3] >= 0 for step in metrics.steps) and len(metrics.queue_times) >= len(metrics.ends)
 
 
 async def _collect(handle):
