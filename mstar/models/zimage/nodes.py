@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from mstar.graph import BuildContext, Node, RequestState
+from mstar.models.checkpoint import default_dtype
 from mstar.models.zimage.config import ZImageConfig
 from mstar.models.zimage.denoise import LATENTS, ZImageDenoiseNode, ZImageDenoiser, ZImageHooks
 from mstar.models.zimage.text_encoder import PromptEncoder, TextEncoderNode, build_qwen3
@@ -33,12 +34,6 @@ class VAEDecodeNode(Node):
             request.tensors[FRAMES] = self.vae.decode_frames(latents.to(self.device))
 
 
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
 def warmup_sizes(compile_sizes: list[str]) -> list[tuple[int, int]]:
     """(width, height) from the config's "WxH" compile sizes; 1024x1024 when none are named."""
     sizes = [tuple(int(n) for n in size.split("x")[:2]) for size in compile_sizes]
@@ -51,7 +46,7 @@ def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, No
     model_path = None if ctx.random_weights else ctx.model_path
     config = load_configs(model_path, default_config)
     server = ctx.config
-    dtype = resolve_dtype(server.dtype, ctx.device)
+    dtype = default_dtype(ctx.device, server.dtype)
     builders = {"text_encoder": _text_node, "dit": _dit_node, "vae_decoder": _vae_node}
     nodes: dict[str, Node] = {}
     for index, name in enumerate(ctx.node_names):
@@ -74,9 +69,10 @@ def load_tokenizer(model_path: str | None, config: ZImageConfig):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(Path(model_path) / "tokenizer"))
-    from mstar.models.text_fallback import fallback_tokenizer
+    from mstar.models.text_fallback import FallbackTokenizer
 
-    return fallback_tokenizer(vocab_size=config.text_encoder["vocab_size"])
+    # Qwen's tokenizer adds no special tokens to text; the chat markers carry the structure.
+    return FallbackTokenizer(config.text_encoder["vocab_size"], config.max_sequence_length, add_eos=False)
 
 
 def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
@@ -84,7 +80,7 @@ def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, d
     from mstar.engine.compile import effective_mode
 
     server = ctx.config
-    dit = build_dit(config.dit, ctx.device, dtype, model_path=model_path)
+    dit = build_dit(config.dit, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
     mode = effective_mode(server.compile_mode, ctx.device)
     dit.compile_layers(mode)
     attn = build_attention(
@@ -99,5 +95,5 @@ def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, d
 
 
 def _vae_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
-    vae = build_vae_decoder(config.vae, ctx.device, dtype, model_path=model_path)
+    vae = build_vae_decoder(config.vae, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
     return VAEDecodeNode(vae, max_batch_size=ctx.config.max_batch_size)

@@ -95,3 +95,28 @@ def test_different_seeds_give_different_images(nodes):
     )
     generate(nodes, [first, second])
     assert not torch.equal(first.tensors["frames"], second.tensors["frames"])
+
+
+def random_weight_nodes():
+    spec = ZImageSpec(TINY)
+    config = ServerConfig(model="z-image-turbo", compile_mode="off", warmup=False, random_weights=True)
+    ctx = BuildContext(config=config, device="cpu", node_names=spec.node_names, random_weights=True)
+    return spec.build_nodes(ctx)
+
+
+def test_random_weights_with_fallback_tokenizer_are_reproducible():
+    images = []
+    for _ in range(2):
+        nodes = random_weight_nodes()
+        state = request("r", num_inference_steps=2, guidance_scale=0.0, seed=3)
+        generate(nodes, [state])
+        images.append(state.tensors["frames"])
+    assert images[0].shape == (1, 40, 48, 3)
+    assert torch.equal(images[0], images[1])
+
+
+def test_build_needs_weights_or_random_weights():
+    spec = ZImageSpec(TINY)
+    ctx = BuildContext(config=ServerConfig(), device="cpu", node_names=spec.node_names)
+    with pytest.raises(ValueError, match="--model-path"):
+        spec.build_nodes(ctx)
