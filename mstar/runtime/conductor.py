@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from mstar.config import ServerConfig
@@ -88,6 +89,10 @@ class Conductor:
             raise Overloaded()
         if request_id in self.rids:
             raise InvalidParam("request_id", f"'{request_id}' is already in use")
+        try:
+            msgspec.msgpack.encode(params)
+        except (TypeError, ValueError) as exc:
+            raise InvalidParam("params", f"must be JSON-able values: {exc}") from exc
         is_full = len(self.running) >= self.config.max_concurrent_requests
         if is_full and len(self.waiting) >= self.config.max_queue_size:
             raise Overloaded()

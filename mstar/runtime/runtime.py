@@ -67,6 +67,8 @@ class Runtime:
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def start(self, on_progress: Callable[[str, int, int], None] | None = None) -> None:
+        if self._pool is not None:
+            raise RuntimeError("Runtime.start() was already called")
         self._run_dir = make_run_dir()
         prefix = f"mstar-{os.getpid():x}{secrets.token_hex(4)}-"
         self._store = SegmentStore(default_segment_dir(self._run_dir), prefix)
