@@ -5,17 +5,36 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from mstar.api.errors import ApiError
 from mstar.api.media import IMAGE_MEDIA_TYPES, encode_image
 from mstar.api.middleware import read_fields
 from mstar.api.schemas import ImageGenerationRequest
 from mstar.api.state import server_state
 
 router = APIRouter()
+DISCONNECT_POLL_S = 0.5
+
+
+async def until_disconnected(request: Request, work: Coroutine[Any, Any, Any]) -> Any:
+    """Await `work`, cancelling it (which aborts its runtime requests) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ApiError(499, "The client closed the request.", code="client_closed_request")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def _encode_all(frames_list: list[Any], output_format: str, quality: int | None) -> list[bytes]:
@@ -33,7 +52,7 @@ async def create_images(request: Request) -> dict[str, Any]:
     ]
     generator.check_ready()
     submitted = generator.submit_many(many_params)
-    frames_list = await generator.frames_of_all(submitted)
+    frames_list = await until_disconnected(request, generator.frames_of_all(submitted))
     output_format = body.output_format or "png"
     images = await asyncio.to_thread(_encode_all, frames_list, output_format, body.output_compression)
     if body.response_format == "url":

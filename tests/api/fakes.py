@@ -204,11 +204,11 @@ class FakeRuntime:
         return handle
 
     def abort(self, request_id: str) -> bool:
+        self.aborted.append(request_id)
         handle = self.active.get(request_id)
         if handle is None:
             return False
         handle.aborted = True
-        self.aborted.append(request_id)
         if not handle.started:  # nobody will follow its events: it ends here
             del self.active[request_id]
         return True

@@ -170,3 +170,21 @@ def test_live_health_ready_metrics(video_server):
     assert httpx.get(f"{video_server.base_url}/ready").status_code == 200
     metrics = httpx.get(f"{video_server.base_url}/metrics").text
     assert 'mstar:step_duration_seconds_count{model_name="live-video",node="dit"}' in metrics
+
+
+def test_client_that_goes_away_aborts_its_image_requests():
+    from mstar.api.metrics import PrometheusMetrics
+    from tests.api.fakes import FakeImageSpec, FakeRuntime
+
+    spec = FakeImageSpec()
+    metrics = PrometheusMetrics(spec.name)
+    runtime = FakeRuntime(metrics=metrics, step_delay_s=0.1)
+    app = create_app(ServerConfig(model=spec.name), spec, runtime, metrics=metrics)
+    with LiveServer(app) as server:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.base_url}/v1/images/generations", timeout=0.3,
+                       json={"prompt": "x", "n": 2, "num_inference_steps": 50})  # fmt: skip
+        deadline = time.monotonic() + 5
+        while len(runtime.aborted) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(runtime.aborted) == 2
