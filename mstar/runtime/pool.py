@@ -171,6 +171,12 @@ class WorkerPool:
         self.outboxes.close()
         self._context.destroy(linger=0)
 
+    def kill_all(self) -> None:
+        for worker in self.workers:
+            if worker.popen is not None and worker.popen.poll() is None:
+                worker.popen.kill()
+                worker.popen.wait()
+
     # ---- addressing ----------------------------------------------------------------------
 
     @property

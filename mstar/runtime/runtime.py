@@ -4,6 +4,7 @@ watches workers (restart, deadlines, leaked segments) and shuts everything down 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
@@ -85,6 +86,7 @@ class Runtime:
             self.config, self.spec, self.owner, self._pool, self._store, self.metrics, on_progress
         )
         self._tasks = [asyncio.create_task(self._receive())]
+        atexit.register(self._cleanup_at_exit)
         try:
             for index in range(len(self.groups)):
                 self._pool.spawn(index)
@@ -131,6 +133,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        atexit.unregister(self._cleanup_at_exit)
         if self._pool is not None:
             await asyncio.to_thread(self._pool.stop_all)
         if getattr(self, "_inbox", None) is not None:
@@ -139,6 +142,12 @@ class Runtime:
         self._store.sweep()
         shutil.rmtree(self._run_dir, ignore_errors=True)
         self._started = False
+
+    def _cleanup_at_exit(self) -> None:
+        """The process exits without shutdown(): leave no worker, segment or socket file behind."""
+        self._pool.kill_all()
+        self._store.sweep()
+        shutil.rmtree(self._run_dir, ignore_errors=True)
 
     @property
     def ready(self) -> bool:
