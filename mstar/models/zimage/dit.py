@@ -4,7 +4,7 @@ ZImageTransformer2DModel).
 Parity note on padding. Diffusers pads each caption and each image token run to a multiple of
 SEQ_MULTI_OF (32) with a learned pad token (`cap_pad_token`, `x_pad_token`), and those inner pad
 tokens are NOT masked: real tokens attend to them in the refiners and the main layers (only the
-padding that batches items of different lengths is masked). The model was trained that way, so we
+padding that batches items of different lengths is masked). The released model runs that way, so we
 keep the inner pad tokens in our packed segments (they change the real tokens' outputs) and drop
 the batch padding, which our ragged segments never need.
 
@@ -33,7 +33,8 @@ SELF_LABEL = "self"
 @dataclass
 class DiTInput:
     """One item of a packed forward: latents [C, H, W] (latent cells), timestep in the model's
-    [0, 1] scale (1 = pure noise... as the pipeline passes (1000 - t) / 1000), caption [L, cap_dim]."""
+    [0, 1] scale ((1000 - t) / 1000 as the pipeline passes it: 0 is pure noise, 1 is clean),
+    caption [L, cap_dim] (the text encoder's kept tokens)."""
 
     latents: torch.Tensor
     timestep: float
