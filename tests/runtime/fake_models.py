@@ -151,3 +151,47 @@ class BrokenBootSpec(FakeSpec):
 
 def expected_frame_value(seed: int, steps: int) -> int:
     return (4 * seed + steps) % 256
+
+
+class TorchNode(Node):
+    """Torch-holding nodes (torch imported in the worker only when they are built)."""
+
+    def __init__(self, name: str, device: str):
+        self.name = name
+        self.device = device
+        self.max_batch_size = 4
+
+    def forward(self, batch: list[RequestState]) -> None:
+        import torch
+
+        for request in batch:
+            if self.name == "make":  # bf16 [2, 3] on the node's device
+                values = torch.arange(6, dtype=torch.float32).reshape(2, 3) * request.params["seed"]
+                request.tensors["x"] = values.to(device=self.device, dtype=torch.bfloat16)
+            elif self.name == "scale":
+                x = request.tensors["x"].to(self.device)  # arrives on CPU from another worker
+                assert x.dtype == torch.bfloat16, x.dtype
+                request.tensors["x"] = x * 2
+                request.state["scale"] = request.state.get("scale", 0) + 1
+            else:
+                x = request.tensors["x"].to(self.device)
+                request.tensors["frames"] = x.float().clamp(0, 255).to(torch.uint8).reshape(1, 2, 3, 1)
+
+    def check_stop(self, request: RequestState) -> bool:
+        return request.state.get("scale", 0) >= request.params.get("steps", 2)
+
+
+class TorchSpec(FakeSpec):
+    """make -> Loop(scale) -> finish; bf16 tensors cross workers and reach the API as float32."""
+
+    node_names = ("make", "scale", "finish")
+    walks = {"run": Walk("run", ("make", Loop("scale"), "finish"), outputs=("frames", "x"))}
+
+    def first_walk(self, params: dict[str, Any]) -> str:
+        return "run"
+
+    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+        return None
+
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
+        return {name: TorchNode(name, ctx.device) for name in ctx.node_names}
