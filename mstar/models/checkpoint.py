@@ -130,10 +130,19 @@ def load_weights(
                     bar.advance()
     finally:
         bar.close()
+    for target, source in _tied_keys(module).items():
+        if target not in loaded and source in loaded:
+            loaded[target] = loaded[source]  # tied weights (e.g. T5 embed_tokens = shared) share storage
     missing = sorted(set(expected) - set(loaded))
     if missing:
         raise CheckpointError(f"{folder}: missing tensor '{missing[0]}' ({len(missing)} missing in all)")
     module.load_state_dict(loaded, strict=True, assign=True)
+
+
+def _tied_keys(module: nn.Module) -> dict[str, str]:
+    """transformers models name their tied tensors {target: source}; plain modules have none."""
+    tied = getattr(module, "all_tied_weights_keys", None) or getattr(module, "_tied_weights_keys", None)
+    return dict(tied) if isinstance(tied, dict) else {}
 
 
 def random_weights(
@@ -155,7 +164,12 @@ def random_weights(
     bar = _Progress("random weights", len(state), progress)
     device = torch.device(device)
     generator = torch.Generator(device=device)
+    tied = _tied_keys(module)
     for index, (name, like) in enumerate(state.items()):
+        if tied.get(name) in values:
+            values[name] = values[tied[name]]
+            bar.advance()
+            continue
         tensor = torch.empty(like.shape, dtype=_target_dtype(name, dtype, keep_fp32), device=device)
         generator.manual_seed(seed * 1_000_003 + index)
         _fill(name, tensor, generator)

@@ -78,6 +78,23 @@ class WanDiT(nn.Module):
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self._rotary_tables = rotary_tables(config.attention_head_dim, config.rope_max_seq_len)
         self._rotary_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._layers = self.run_layers  # replaced by a compiled copy in compile_layers
+
+    def compile_layers(self, mode: str) -> None:
+        """Compile the layer stack once with the pack length dynamic (mstar.engine.compile modes)."""
+        from mstar.engine.compile import CompiledFunction
+
+        self._layers = (
+            self.run_layers if mode == "off" else CompiledFunction(self.run_layers, mode, "wan.dit.layers")
+        )
+
+    def finish_warmup(self) -> None:
+        if hasattr(self._layers, "finish_warmup"):
+            self._layers.finish_warmup()
+
+    @property
+    def num_recompiles(self) -> int:
+        return getattr(self._layers, "num_recompiles", 0)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -93,7 +110,7 @@ class WanDiT(nn.Module):
         step = self.pack(items)
         attention.plan("self", AttentionLayout.self_attention(step.token_counts))
         attention.plan("cross", AttentionLayout.cross_attention(step.token_counts, step.text_counts))
-        hidden = self.run_layers(
+        hidden = self._layers(
             step.tokens, step.text, step.modulation_rows, step.row_index, step.rotary, attention
         )
         return self.unpack(hidden, step)

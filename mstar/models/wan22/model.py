@@ -1,0 +1,158 @@
+"""Wan2.2-TI2V-5B as the runtime sees it: walks, request limits, node building.
+
+Light on purpose (no torch at import): the API process validates requests with this spec.
+Walks: `encode_text` (UMT5: prompt and, under guidance, negative prompt), then `t2v`
+(Loop(dit) then vae_decoder) or, with an input image, `i2v` (vae_encoder, Loop(dit), vae_decoder).
+The last walk leaves "frames" uint8 [F, H, W, 3]; params carry "fps".
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any
+
+from mstar.errors import InvalidParam
+from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
+from mstar.models.wan22.config import Wan22Config
+
+MIN_FPS = 1
+MAX_FPS = 60
+MAX_GUIDANCE = 20.0
+MAX_PROMPT_CHARS = 8192
+MAX_SEED = 2**63 - 1
+
+
+class Wan22Spec(ModelSpec):
+    name = "wan2.2-ti2v-5b"
+    task = "text-to-video"  # and image-to-video with input_reference
+    output_kind = "video"
+    node_names = ("text_encoder", "vae_encoder", "dit", "vae_decoder")
+    walks = {
+        "encode_text": Walk("encode_text", ("text_encoder",)),
+        "t2v": Walk("t2v", (Loop("dit"), "vae_decoder"), outputs=("frames",)),
+        "i2v": Walk("i2v", ("vae_encoder", Loop("dit"), "vae_decoder"), outputs=("frames",)),
+    }
+
+    def __init__(self, config: Wan22Config | None = None):
+        self.config = config or Wan22Config()
+
+    def limits(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "width": {"default": c.default_width, "min": c.size_multiple, "max": c.max_width, "multiple_of": c.size_multiple},
+            "height": {
+                "default": c.default_height, "min": c.size_multiple, "max": c.max_height, "multiple_of": c.size_multiple,
+            },
+            "num_frames": {
+                "default": c.default_num_frames, "min": 1, "max": c.max_num_frames,
+                "form": f"{c.vae_scale_temporal}k+1",
+            },
+            "fps": {"default": c.default_fps, "min": MIN_FPS, "max": MAX_FPS},
+            "num_inference_steps": {"default": c.default_steps, "min": 1, "max": c.max_steps},
+            "guidance_scale": {"default": c.default_guidance, "min": 0.0, "max": MAX_GUIDANCE},
+            "prompt": {"max_chars": MAX_PROMPT_CHARS},
+            "input_reference": {"optional": True, "kind": "image"},
+        }  # fmt: skip
+
+    def validate(self, params: GenerationParams) -> dict[str, Any]:
+        c = self.config
+        _check_prompt("prompt", params.prompt, required=True)
+        if params.negative_prompt is not None:
+            _check_prompt("negative_prompt", params.negative_prompt, required=False)
+        fps = _int_in("fps", params.fps, c.default_fps, MIN_FPS, MAX_FPS)
+        return {
+            "prompt": params.prompt,
+            "negative_prompt": params.negative_prompt or "",
+            "width": self._side("width", params.width, c.default_width, c.max_width),
+            "height": self._side("height", params.height, c.default_height, c.max_height),
+            "num_frames": self._num_frames(params, fps),
+            "fps": fps,
+            "num_inference_steps": _int_in("num_inference_steps", params.num_inference_steps, c.default_steps, 1, c.max_steps),
+            "guidance_scale": _guidance(params.guidance_scale, c.default_guidance),
+            "seed": _seed(params.seed),
+            "image_to_video": bool(params.has_input_reference),
+        }  # fmt: skip
+
+    def _side(self, field: str, value: int | None, default: int, maximum: int) -> int:
+        value = _int_in(field, value, default, self.config.size_multiple, maximum)
+        if value % self.config.size_multiple:
+            raise InvalidParam(field, f"must be a multiple of {self.config.size_multiple}, got {value}")
+        return value
+
+    def _num_frames(self, params: GenerationParams, fps: int) -> int:
+        c = self.config
+        step = c.vae_scale_temporal
+        if params.seconds is not None and params.num_frames is not None:
+            raise InvalidParam("seconds", "give either seconds or num_frames, not both")
+        if params.seconds is not None:
+            seconds = params.seconds
+            if (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, int | float)
+                or not math.isfinite(seconds)
+            ):
+                raise InvalidParam("seconds", f"must be a number, got {seconds!r}")
+            if seconds <= 0:
+                raise InvalidParam("seconds", f"must be positive, got {seconds}")
+            frames = step * round(seconds * fps / step) + 1  # nearest 4k+1 to seconds * fps
+            if frames > c.max_num_frames:
+                raise InvalidParam(
+                    "seconds", f"{seconds}s at {fps} fps is {frames} frames; at most {c.max_num_frames}"
+                )
+            return frames
+        frames = _int_in("num_frames", params.num_frames, c.default_num_frames, 1, c.max_num_frames)
+        if (frames - 1) % step:
+            raise InvalidParam(
+                "num_frames",
+                f"must be of the form {step}k+1 (e.g. {step * ((frames - 1) // step) + 1}), got {frames}",
+            )
+        return frames
+
+    def first_walk(self, params: dict[str, Any]) -> str:
+        return "encode_text"
+
+    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+        if finished == "encode_text":
+            return "i2v" if params.get("image_to_video") else "t2v"
+        return None
+
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
+        from mstar.models.wan22.nodes import build_nodes
+
+        return build_nodes(self.config, ctx)
+
+
+def _check_prompt(field: str, prompt: Any, required: bool) -> None:
+    if not isinstance(prompt, str):
+        raise InvalidParam(field, "must be a string")
+    if required and not prompt.strip():
+        raise InvalidParam(field, "must not be empty")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InvalidParam(field, f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
+
+
+def _int_in(field: str, value: Any, default: int, minimum: int, maximum: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidParam(field, f"must be an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise InvalidParam(field, f"must be in [{minimum}, {maximum}], got {value}")
+    return value
+
+
+def _guidance(value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= MAX_GUIDANCE:
+        raise InvalidParam("guidance_scale", f"must be a number in [0, {MAX_GUIDANCE}], got {value!r}")
+    return float(value)
+
+
+def _seed(value: Any) -> int:
+    if value is None:
+        return secrets.randbelow(2**32)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise InvalidParam("seed", f"must be an integer in [0, 2**63 - 1], got {value!r}")
+    return value

@@ -1,0 +1,101 @@
+"""Wan's text encoder node: UMT5 encoder (transformers) -> per-prompt embeddings, as WanPipeline.
+
+For each request it encodes the prompt and, under guidance, the negative prompt (default ""), and
+stores request.tensors["prompt_embeds"] / ["negative_prompt_embeds"]: [num_tokens, d_model], the
+real tokens only. The DiT side pads them with zeros to max_text_tokens, which is what diffusers
+feeds the transformer (it attends to the padding too).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mstar.graph import Node, RequestState
+from mstar.models.checkpoint import build_module
+
+PROMPT_EMBEDS = "prompt_embeds"
+NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
+
+
+def clean_prompt(text: str) -> str:
+    """diffusers' prompt_clean without ftfy: unescape HTML twice, collapse whitespace."""
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def uses_guidance(params: dict[str, Any]) -> bool:
+    """WanPipeline runs classifier-free guidance when guidance_scale > 1."""
+    return float(params.get("guidance_scale") or 0.0) > 1.0
+
+
+def build_umt5(
+    config: dict[str, Any], device: str, dtype: torch.dtype, folder: str | None = None, seed: int = 0
+):
+    """UMT5EncoderModel from a diffusers text_encoder/ folder, or seeded random weights from `config`."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    known = set(UMT5Config().to_dict())
+    umt5_config = UMT5Config(**{k: v for k, v in config.items() if k in known})
+    return build_module(lambda: UMT5EncoderModel(umt5_config), device, dtype, folder=folder, seed=seed)
+
+
+def load_tokenizer(folder: str | None, vocab_size: int):
+    """The checkpoint's tokenizer/ folder, else the deterministic fallback (no downloads)."""
+    if folder is not None and Path(folder).is_dir():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    from mstar.models.text_fallback import fallback_tokenizer
+
+    return fallback_tokenizer(vocab_size=vocab_size)
+
+
+class PromptEncoder:
+    def __init__(self, model: Any, tokenizer: Any, device: str | torch.device, max_text_tokens: int = 512):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_text_tokens = max_text_tokens
+
+    @torch.inference_mode()
+    def encode(self, prompts: list[str]) -> list[torch.Tensor]:
+        """One [num_tokens_i, d_model] embedding per prompt (padding dropped)."""
+        batch = self.tokenizer(
+            [clean_prompt(p) for p in prompts],
+            padding="longest",  # masked padding does not change the real tokens' outputs
+            max_length=self.max_text_tokens,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+        hidden = self.model(ids, mask).last_hidden_state  # [B, L, d_model]
+        lengths = mask.gt(0).sum(dim=1).tolist()
+        return [hidden[i, :n] for i, n in enumerate(lengths)]
+
+
+class WanTextEncoderNode(Node):
+    """Encodes every prompt of the batch (and negative prompts under guidance) in one forward."""
+
+    def __init__(self, encoder: PromptEncoder, name: str = "text_encoder", max_batch_size: int = 8):
+        self.encoder = encoder
+        self.name = name
+        self.max_batch_size = max_batch_size
+
+    def forward(self, batch: list[RequestState]) -> None:
+        prompts: list[str] = []
+        slots: list[tuple[RequestState, str]] = []
+        for request in batch:
+            prompts.append(request.params["prompt"])
+            slots.append((request, PROMPT_EMBEDS))
+            if uses_guidance(request.params):
+                prompts.append(request.params.get("negative_prompt") or "")
+                slots.append((request, NEGATIVE_PROMPT_EMBEDS))
+        for (request, key), embeds in zip(slots, self.encoder.encode(prompts), strict=True):
+            request.tensors[key] = embeds
