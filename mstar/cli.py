@@ -219,6 +219,7 @@ def _encode_output(frames: Any, path: Path, output_kind: str, params: dict[str, 
 
 
 async def _generate(config: Any, spec: Any, params: dict[str, Any], inputs: dict | None) -> Any:
+    from mstar.runtime.events import Done, Failed
     from mstar.runtime.runtime import Runtime
 
     runtime = Runtime(config, spec)
@@ -227,10 +228,10 @@ async def _generate(config: Any, spec: Any, params: dict[str, Any], inputs: dict
         handle = runtime.submit(params, inputs, timeout_s=config.request_timeout_s)
         bars = ProgressBars()
         async for event in handle.events():
-            if hasattr(event, "outputs"):
+            if isinstance(event, Done):
                 bars.close()
                 return event.outputs[spec.output_tensor]
-            if hasattr(event, "kind"):
+            if isinstance(event, Failed):
                 bars.close()
                 raise RuntimeError(f"generation failed ({event.kind}): {event.message}")
             bars.update("denoise", event.step, event.total)

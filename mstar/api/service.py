@@ -1,7 +1,7 @@
 """The API's one path into the runtime: check the model and mode, validate, submit, collect events.
 
-Runtime events are read by shape (Progress has `step`/`total`, Done has `outputs`, Failed has
-`kind`/`message`) so the API depends on the documented fields, not on class identities.
+Runtime events: Progress(step, total) from Loop nodes, then exactly one Done(outputs) or
+Failed(message, kind) (mstar.runtime.events).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
 from mstar.api.metrics import PrometheusMetrics
 from mstar.errors import Overloaded, UnknownModel
 from mstar.graph import GenerationParams, ModelSpec
+from mstar.runtime.events import Done, Failed, Progress
 
 logger = logging.getLogger("mstar.api")
 
@@ -109,11 +110,11 @@ class Generator:
     ) -> dict[str, Any]:
         """Follow a request's events to its outputs; Failed becomes an ApiError."""
         async for event in submitted.handle.events():
-            if hasattr(event, "outputs"):
+            if isinstance(event, Done):
                 return event.outputs
-            if hasattr(event, "kind"):
+            if isinstance(event, Failed):
                 raise failure_error(event.kind, event.message)
-            if on_progress is not None and hasattr(event, "step"):
+            if on_progress is not None and isinstance(event, Progress):
                 on_progress(event.step, event.total)
         raise failure_error("error", "the event stream ended without a result")
 

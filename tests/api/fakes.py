@@ -13,23 +13,7 @@ import numpy as np
 
 from mstar.errors import InvalidParam, Overloaded
 from mstar.graph import GenerationParams, ModelSpec, Walk
-
-
-@dataclass
-class Progress:
-    step: int
-    total: int
-
-
-@dataclass
-class Done:
-    outputs: dict[str, Any]
-
-
-@dataclass
-class Failed:
-    message: str
-    kind: str
+from mstar.runtime.events import Done, Failed, Progress
 
 
 @dataclass
