@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mstar.engine.attention import AttentionLayout, build_attention
+from mstar.engine.workspace import release_workspaces
 from tests.engine.attention_fakes import AMPERE, CPU, HOPPER, FakeFA3, FakeFlashInfer, random_qkv
 
 
@@ -145,7 +146,10 @@ def test_all_wrappers_share_one_workspace():
     assert all(wrapper.workspace is workspace for wrapper in flashinfer.wrappers)
 
 
-def test_default_workspace_size():
+def test_default_workspace_is_shared_per_device():
+    release_workspaces()
     attention = build(fa3=FakeFA3(), workspace_mb=3)
     assert attention.workspace.dtype == torch.uint8
     assert attention.workspace.numel() == 3 * 1024 * 1024
+    assert build(fa3=FakeFA3(), workspace_mb=2).workspace is attention.workspace
+    release_workspaces()

@@ -96,6 +96,15 @@ def test_run_compiles_into_one_graph_with_a_dynamic_pack_length(torch_attention)
     assert counter.frame_count == 1  # new layouts and lengths reuse the graph
 
 
+def test_inputs_are_cast_to_the_resource_dtype(torch_attention):
+    layout = AttentionLayout.self_attention((3, 4))
+    torch_attention.plan("cast", layout)
+    q, k, v = (torch.randn(7, 2, 8, dtype=torch.bfloat16) for _ in range(3))
+    out = torch_attention.run("cast", q, k, v)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference_attention(q.float(), k.float(), v.float(), layout))
+
+
 def test_custom_op_fake_matches_real(torch_attention):
     layout = AttentionLayout.cross_attention((3, 4), (2, 5))
     torch_attention.plan("opcheck", layout)

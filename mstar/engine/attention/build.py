@@ -22,7 +22,7 @@ from mstar.engine.attention.layout import AttentionLayout
 from mstar.engine.attention.platform import Libraries, Platform, detect_platform
 from mstar.engine.attention.ragged import DEFAULT_NUM_SLOTS, RaggedAttention
 from mstar.engine.attention.reference import reference_attention
-from mstar.engine.workspace import allocate_workspace
+from mstar.engine.workspace import shared_workspace
 
 logger = logging.getLogger("mstar.engine.attention")
 
@@ -52,8 +52,8 @@ def build_attention(
 ) -> RaggedAttention:
     """Build the attention resource for `device`; raises ValueError when the choice cannot run.
 
-    `workspace` (uint8, on the device) is shared by every wrapper; when None one of workspace_mb
-    MiB is allocated here, before anything else. `libraries` and `platform` replace the real
+    `workspace` (uint8, on the device) is shared by every wrapper; when None the process-wide
+    workspace of the device (at least workspace_mb MiB) is taken, allocated here if it is the first. `libraries` and `platform` replace the real
     imports and device query (tests).
     """
     platform = platform or detect_platform(torch.device(device))
@@ -64,7 +64,7 @@ def build_attention(
             f"{', '.join(FLASHINFER_KERNEL_BACKENDS)}); device {platform.describe()}, {libs.describe('flashinfer')}"
         )
     if workspace is None:
-        workspace = allocate_workspace(platform.device, workspace_mb)
+        workspace = shared_workspace(platform.device, workspace_mb)
     candidates = backend_candidates(backend, platform, libs)
     for index, (name, reason) in enumerate(candidates):
         try:

@@ -119,10 +119,15 @@ class RaggedAttention:
     # ---- running (every layer; traceable) ----
 
     def run(self, label: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [Tq, H, D], k [Tkv, Hkv, D], v [Tkv, Hkv, Dv], packed segment after segment -> [Tq, H, Dv]."""
+        """q [Tq, H, D], k [Tkv, Hkv, D], v [Tkv, Hkv, Dv], packed segment after segment -> [Tq, H, Dv].
+
+        Inputs are cast to the resource dtype (the one checked at boot; a no-op when they match),
+        so the output has that dtype.
+        """
         label_id = self._label_ids.get(label)
         if label_id is None:
             raise RuntimeError(f"attention label '{label}' was never planned; call plan() first")
+        q, k, v = q.to(self.dtype), k.to(self.dtype), v.to(self.dtype)
         return torch.ops.mstar.ragged_attention(q, k, v, self._instance_id, label_id)
 
     def run_active(self, label_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
