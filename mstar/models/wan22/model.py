@@ -95,7 +95,7 @@ class Wan22Spec(ModelSpec):
                 raise InvalidParam("seconds", f"must be a number, got {seconds!r}")
             if seconds <= 0:
                 raise InvalidParam("seconds", f"must be positive, got {seconds}")
-            frames = step * round(seconds * fps / step) + 1  # nearest 4k+1 to seconds * fps
+            frames = step * max(0, round((seconds * fps - 1) / step)) + 1  # nearest 4k+1 to seconds*fps
             if frames > c.max_num_frames:
                 raise InvalidParam(
                     "seconds", f"{seconds}s at {fps} fps is {frames} frames; at most {c.max_num_frames}"
