@@ -98,31 +98,40 @@ def model_dtype(config_dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, config_dtype)
 
 
-def load_module(module: torch.nn.Module, path: Path, device: torch.device, dtype: torch.dtype):
-    """Load safetensors straight to the device; a missing or unexpected tensor is an error."""
+def load_module(module: torch.nn.Module, path: Path | None, device: torch.device, dtype: torch.dtype):
+    """Load safetensors straight to the device (a missing or unexpected tensor is an error);
+    path None keeps the module's (seeded) random initialisation (--random-weights)."""
     from safetensors.torch import load_file
 
-    state = load_file(str(path), device=str(device))
     module.to(device=device, dtype=dtype)
-    module.load_state_dict({name: t.to(dtype) for name, t in state.items()}, strict=True)
+    if path is not None:
+        state = load_file(str(path), device=str(device))
+        module.load_state_dict({name: t.to(dtype) for name, t in state.items()}, strict=True)
     return module.eval().requires_grad_(False)
 
 
 def build_digits_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> dict[str, Node]:
+    """The nodes of ctx.node_names; weights from ctx.model_path when given, else the shipped ones."""
     from mstar.engine.resources import build_engine_resources
 
+    weights_dir = Path(ctx.model_path) if ctx.model_path else weights_dir
     config = TinyDigitsConfig.load(weights_dir / CONFIG_FILE)
     device = torch.device(ctx.device)
     dtype = model_dtype(ctx.config.dtype, device)
+
+    def weights(file_name: str) -> Path | None:
+        return None if ctx.random_weights else weights_dir / file_name
+
+    torch.manual_seed(0)  # only matters for --random-weights: the same random model in every worker
     nodes: dict[str, Node] = {}
     if "text_encoder" in ctx.node_names:
         tokenizer = WordTokenizer.load(weights_dir / VOCAB_FILE, config.max_text_tokens)
         encoder = make_text_encoder(len(tokenizer.vocab), config.text_dim)
-        load_module(encoder, weights_dir / TEXT_ENCODER_FILE, device, torch.float32)
+        load_module(encoder, weights(TEXT_ENCODER_FILE), device, torch.float32)
         nodes["text_encoder"] = TextEncoderNode(encoder, tokenizer, device)
     if "dit" in ctx.node_names:
         resources = build_engine_resources(ctx.config, device, dtype)
-        dit = load_module(WanDiT(WanDiTConfig.from_dict(config.dit)), weights_dir / DIT_FILE, device, dtype)
+        dit = load_module(WanDiT(WanDiTConfig.from_dict(config.dit)), weights(DIT_FILE), device, dtype)
         nodes["dit"] = make_denoise_node(config, dit, resources.attention, device)
     if "decoder" in ctx.node_names:
         nodes["decoder"] = DecoderNode(config.output_size)
