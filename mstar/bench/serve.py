@@ -267,5 +267,7 @@ def run_serve_benchmark(
     request_rates = request_rates or []
     runs = asyncio.run(_run_all(options, concurrencies, request_rates))
     public = asdict(options) | {"api_key": "***" if options.api_key else None}
-    title = f"{options.kind}s from {options.base_url}" + (f" (model {options.model})" if options.model else "")
+    title = f"{options.kind}s from {options.base_url}" + (
+        f" (model {options.model})" if options.model else ""
+    )
     return {"benchmark": "serve", "title": title, "options": public, "runs": runs}

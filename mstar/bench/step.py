@@ -84,63 +84,88 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def bench_workload(name: str, options: StepOptions, notes: list[str]) -> dict[str, Any]:
+@dataclass
+class _Case:
+    """One workload of a family run: its inputs, counted FLOPs and result entry."""
+
+    workload: dit_inputs.StepWorkload
+    items: list[dict]
+    count: flops.FlopCount
+    entry: dict[str, Any]
+    reference: list | None = None  # diffusers' eager output
+
+
+def _make_case(name: str, configs: dict[str, Any], options: StepOptions) -> _Case:
     import torch
 
     workload = dit_inputs.STEP_WORKLOADS[name]
-    configs = configs_for(workload.family, tiny=options.tiny)
-    dtype = getattr(torch, options.dtype)
-    count = flops.count_forward(
-        dit_inputs.arch(workload.family, configs["transformer"]), dit_inputs.segments(workload, configs)
+    segments = dit_inputs.segments(workload, configs)
+    count = flops.count_forward(dit_inputs.arch(workload.family, configs["transformer"]), segments)
+    items = dit_inputs.make_items(
+        workload, configs, options.device, getattr(torch, options.dtype), options.seed
     )
-    items = dit_inputs.make_items(workload, configs, options.device, dtype, options.seed)
     entry: dict[str, Any] = {
         "workload": name,
         "family": workload.family,
         "size": f"{workload.width}x{workload.height}x{workload.num_frames}",
         "num_items": workload.num_items,
-        "num_tokens": sum(s.image_tokens for s in dit_inputs.segments(workload, configs)),
+        "num_tokens": sum(s.image_tokens for s in segments),
         "flops": {"gemm": count.gemm, "attention": count.attention, "total": count.total},
         "roofline_ms": count.roofline_s() * 1000,
         "runs": [],
     }
-    reference, state_dict = _run_diffusers(workload, configs, items, options, count, entry, notes)
-    if not options.skip_ours:
-        _run_ours(workload, configs, items, options, count, entry, notes, reference, state_dict)
-    del state_dict, reference
-    _free_memory()
-    return entry
+    return _Case(workload, items, count, entry)
 
 
-def _run_diffusers(workload, configs, items, options, count, entry, notes) -> tuple[list | None, dict | None]:
-    """Times diffusers' transformer in each requested mode; returns its eager output and state dict."""
+def _timed_run(fn: Callable[[], Any], options: StepOptions, count: flops.FlopCount, **labels: Any) -> dict:
+    import torch
+
+    on_cuda = options.device.startswith("cuda")
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
+    run = {**labels, **time_forward(fn, options.num_warmup, options.num_timed, options.device)}
+    run["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30 if on_cuda else None
+    return _with_roofline(run, count)
+
+
+def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: StepOptions, notes: list[str]):
+    """Times diffusers' transformer on every case in each mode; keeps its eager outputs as the
+    references and returns its state dict (the weights ours gets)."""
     import torch
 
     try:
         import diffusers  # noqa: F401
     except ImportError:
         notes.append("diffusers is not importable here: ours is timed alone, with no parity check")
-        return None, None
+        return None
     dtype = getattr(torch, options.dtype)
     model = dit_inputs.build_diffusers_transformer(
-        workload.family, configs["transformer"], options.device, dtype, options.seed
+        family, configs["transformer"], options.device, dtype, options.seed
     )
     with torch.inference_mode():
-        reference = dit_inputs.diffusers_forward(workload.family, model, items)
+        for case in cases:
+            case.reference = dit_inputs.diffusers_forward(family, model, case.items)
         for mode in options.diffusers_modes:
             target = torch.compile(model) if mode == "compiled" else model
-            timing = time_forward(
-                lambda target=target: dit_inputs.diffusers_forward(workload.family, target, items),
-                options.num_warmup, options.num_timed, options.device,
-            )  # fmt: skip
-            entry["runs"].append(_with_roofline({"impl": "diffusers", "mode": mode, **timing}, count))
+            for case in cases:
+
+                def forward(target=target, case=case) -> list:
+                    return dit_inputs.diffusers_forward(family, target, case.items)
+
+                case.entry["runs"].append(
+                    _timed_run(forward, options, case.count, impl="diffusers", mode=mode)
+                )
     state_dict = {k: v.detach() for k, v in model.state_dict().items()}
     del model
     _free_memory()
-    return reference, state_dict
+    return state_dict
 
 
-def _run_ours(workload, configs, items, options, count, entry, notes, reference, state_dict) -> None:
+def _run_ours(
+    family, configs, cases: list[_Case], options: StepOptions, notes: list[str], state_dict
+) -> None:
+    """One build of ours per (backend, compile mode), run on every case of the family: the layer
+    stack compiles once with the pack length dynamic, as in serving."""
     import torch
 
     from mstar.bench.ours import OursUnavailable, build_ours
@@ -148,9 +173,10 @@ def _run_ours(workload, configs, items, options, count, entry, notes, reference,
     dtype = getattr(torch, options.dtype)
     for backend in options.attention_backends:
         for mode in options.compile_modes:
+            label = f"ours ({mode}, {backend})"
             try:
                 forward = build_ours(
-                    workload.family,
+                    family,
                     configs["transformer"],
                     state_dict,
                     options.device,
@@ -160,33 +186,51 @@ def _run_ours(workload, configs, items, options, count, entry, notes, reference,
                     options.seed,
                 )
             except OursUnavailable as error:
-                notes.append(f"{workload.name}: ours ({mode}, {backend}) not run: {error}")
+                notes.append(f"{family}: {label} not run: {error}")
                 continue
-            try:
-                with torch.inference_mode():
-                    output = forward(items)
-                    timing = time_forward(
-                        lambda f=forward: f(items), options.num_warmup, options.num_timed, options.device
-                    )
-            except Exception as error:  # one failing mode must not lose the other figures of the run
-                notes.append(
-                    f"{workload.name}: ours ({mode}, {backend}) failed: {type(error).__name__}: {error}"
-                )
-                continue
-            run = {"impl": "mstar", "mode": mode, "attention_backend": backend, **timing}
-            run["rel_error"] = dit_inputs.relative_error(output, reference) if reference is not None else None
-            entry["runs"].append(_with_roofline(run, count))
-            del forward, output
+            for case in cases:
+                _run_ours_case(forward, case, options, notes, label, mode=mode, attention_backend=backend)
+            del forward
             _free_memory()
 
 
+def _run_ours_case(
+    forward, case: _Case, options: StepOptions, notes: list[str], label: str, **labels
+) -> None:
+    import torch
+
+    try:
+        with torch.inference_mode():
+            output = forward(case.items)
+            run = _timed_run(lambda: forward(case.items), options, case.count, impl="mstar", **labels)
+    except Exception as error:  # one failing case must not lose the other figures of the run
+        notes.append(f"{case.workload.name}: {label} failed: {type(error).__name__}: {error}")
+        return
+    reference = case.reference
+    run["rel_error"] = dit_inputs.relative_error(output, reference) if reference is not None else None
+    case.entry["runs"].append(run)
+
+
 def run_step_benchmark(options: StepOptions) -> dict[str, Any]:
+    """Workloads of one family share one diffusers build and one build of ours per mode."""
     notes: list[str] = []
-    results = [bench_workload(name, options, notes) for name in options.workloads]
+    families: dict[str, list[str]] = {}
+    for name in options.workloads:
+        families.setdefault(dit_inputs.STEP_WORKLOADS[name].family, []).append(name)
+    entries: dict[str, dict] = {}
+    for family, names in families.items():
+        configs = configs_for(family, tiny=options.tiny)
+        cases = [_make_case(name, configs, options) for name in names]
+        state_dict = _run_diffusers(family, configs, cases, options, notes)
+        if not options.skip_ours:
+            _run_ours(family, configs, cases, options, notes, state_dict)
+        entries.update({case.workload.name: case.entry for case in cases})
+        del cases, state_dict
+        _free_memory()
     return {
         "benchmark": "step",
         "title": "DiT ms per step",
         "options": vars(options),
-        "results": results,
+        "results": [entries[name] for name in options.workloads],
         "notes": notes,
     }
