@@ -43,28 +43,30 @@ class FrameCache:
 
 
 class CausalConv3d(nn.Conv3d):
-    """Conv3d padded causally in time (all time padding in front) and symmetrically in space."""
+    """Conv3d padded causally in time (all time padding in front) and symmetrically in space.
+
+    Space is zero-padded by the conv itself (no padded copy of the activation); time by the
+    previous chunk's tail frames, or zeros on the first chunk / without a cache.
+    """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0):
         super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding)
         pad_t, pad_h, pad_w = self.padding
         self.time_pad = 2 * pad_t
-        self.space_pad = (pad_w, pad_w, pad_h, pad_h, 0, 0)
-        self.padding = (0, 0, 0)
+        self.padding = (0, pad_h, pad_w)
 
     def forward(self, x: torch.Tensor, cache: FrameCache | None = None) -> torch.Tensor:
         # x: [B, C, T, H, W]
         if self.time_pad == 0:
-            return super().forward(F.pad(x, self.space_pad))
-        if cache is None:
-            return super().forward(F.pad(x, self.space_pad[:4] + (self.time_pad, 0)))
-        previous = cache.read()
+            return super().forward(x)
+        previous = None if cache is None else cache.read()
         if previous is None:
-            b, c, _, h, w = x.shape
-            previous = x.new_zeros(b, c, self.time_pad, h, w)
-        x = torch.cat([previous, x], dim=2)
-        cache.write(x[:, :, -self.time_pad :].clone())
-        return super().forward(F.pad(x, self.space_pad))
+            x = F.pad(x, (0, 0, 0, 0, self.time_pad, 0))
+        else:
+            x = torch.cat([previous, x], dim=2)
+        if cache is not None:
+            cache.write(x[:, :, -self.time_pad :].clone())
+        return super().forward(x)
 
 
 class RMSNorm(nn.Module):
