@@ -235,8 +235,8 @@ class ZImageDiT(nn.Module):
 
     @staticmethod
     def _token_items(lens: list[int], device: torch.device) -> torch.Tensor:
-        counts = torch.tensor(lens, device=device)
-        return torch.repeat_interleave(torch.arange(len(lens), device=device), counts)
+        """Item index of every packed token [sum lens], made on the device (no host sync)."""
+        return torch.cat([torch.full((n,), i, dtype=torch.long, device=device) for i, n in enumerate(lens)])
 
     def _unify(self, geos, x, x_rope, cap, cap_rope, device):
         """Interleave per item: [image_i, caption_i] for i in items (tokens and rotary tables)."""

@@ -41,7 +41,7 @@ class PromptEncoder:
         self.max_sequence_length = max_sequence_length
 
     def tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input_ids [B, L], attention_mask [B, L] bool), right padded."""
+        """(input_ids [B, L], attention_mask [B, L] bool) on the host, right padded."""
         texts = [chat_text(self.tokenizer, prompt) for prompt in prompts]
         if hasattr(self.tokenizer, "padding_side"):
             self.tokenizer.padding_side = "right"
@@ -52,15 +52,19 @@ class PromptEncoder:
             truncation=True,
             return_tensors="pt",
         )
-        return encoded["input_ids"].to(self.device), encoded["attention_mask"].to(self.device).bool()
+        return encoded["input_ids"], encoded["attention_mask"].bool()
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
-        input_ids, mask = self.tokenize(prompts)
+        input_ids, mask = self.tokenize(prompts)  # host tensors [B, L]
         hidden = self.model(
-            input_ids=input_ids, attention_mask=mask, output_hidden_states=True
-        ).hidden_states[-2]
-        return [hidden[i][mask[i]] for i in range(len(prompts))]  # [num_tokens_i, hidden]
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            output_hidden_states=True,
+        ).hidden_states[-2]  # [B, L, hidden]
+        # Right padding: the kept tokens are a prefix; slicing by host lengths avoids a device sync.
+        lengths = mask.sum(dim=1).tolist()
+        return [hidden[i, :length].clone() for i, length in enumerate(lengths)]  # [num_tokens_i, hidden]
 
 
 def uses_guidance(params: dict[str, Any]) -> bool:
