@@ -22,8 +22,26 @@ def _ours_importable(module: str) -> bool:
 
 def test_step_times_both_and_checks_parity_with_the_same_weights(tmp_path):
     output = tmp_path / "step.json"
-    argv = "step --tiny --workloads tiny-wan-cfg,tiny-zimage-c2 --device cpu --dtype float32".split()
-    argv += "--compile-modes off --attention-backends torch --num-warmup 1 --num-timed 1".split()
+    argv = [
+        "step",
+        "--tiny",
+        "--workloads",
+        "tiny-wan-cfg,tiny-zimage-c2",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    ]
+    argv += [
+        "--compile-modes",
+        "off",
+        "--attention-backends",
+        "torch",
+        "--num-warmup",
+        "1",
+        "--num-timed",
+        "1",
+    ]
     assert main([*argv, "-o", str(output)]) == 0
     result = json.loads(output.read_text())
     assert output.with_suffix(".md").read_text().startswith("### step")
