@@ -17,7 +17,8 @@ def allocate_workspace(device: str | torch.device, workspace_mb: int) -> torch.T
     """A fresh uint8 [workspace_mb MiB] tensor on `device`."""
     if workspace_mb < 1:
         raise ValueError(f"workspace_mb must be >= 1, got {workspace_mb}")
-    return torch.empty(workspace_mb * BYTES_PER_MB, dtype=torch.uint8, device=device)
+    with torch.inference_mode(False):  # a normal tensor, whichever mode the first builder runs in
+        return torch.empty(workspace_mb * BYTES_PER_MB, dtype=torch.uint8, device=device)
 
 
 def shared_workspace(device: str | torch.device, workspace_mb: int) -> torch.Tensor:

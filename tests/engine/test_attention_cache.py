@@ -240,3 +240,13 @@ def test_run_checks_token_counts():
     attention.plan("self", L1)
     with pytest.raises(ValueError, match="layout has 14"):
         attention.run("self", *random_qkv(L2))
+
+
+def test_first_plan_under_inference_mode_then_outside():
+    attention, _, _ = build("fa3")
+    with torch.inference_mode():
+        attention.plan("self", L1)
+        run_and_check(attention, "self", L1)
+    for slot_layout in (L2, AttentionLayout.self_attention((6, 6))):  # the ring comes back to slot 0
+        attention.plan("self", slot_layout)
+        run_and_check(attention, "self", slot_layout)

@@ -87,8 +87,10 @@ class IndexStager:
             return
         # captured: exactly the size of the first layout; eager: room to grow before reallocating
         capacity = needed if self.captured else max(needed, 2 * self._capacity_elements())
-        self.host_buffer = torch.empty(capacity, dtype=torch.int32, pin_memory=should_pin(self.device))
-        self.device_buffer = torch.empty(capacity, dtype=torch.int32, device=self.device)
+        # normal tensors even when the first plan runs under inference_mode: later plans may not
+        with torch.inference_mode(False):
+            self.host_buffer = torch.empty(capacity, dtype=torch.int32, pin_memory=should_pin(self.device))
+            self.device_buffer = torch.empty(capacity, dtype=torch.int32, device=self.device)
         self._copy_done = None
 
     def _capacity_elements(self) -> int:

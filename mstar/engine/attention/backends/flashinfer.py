@@ -89,11 +89,17 @@ class FlashInferWrapper(PlanWrapper):
     def _inner_wrapper(self) -> Any:
         if self._inner is not None:
             return self._inner
+        # its buffers must be normal tensors: a later plan may run outside inference_mode
+        with torch.inference_mode(False):
+            self._inner = self._new_inner_wrapper()
+        return self._inner
+
+    def _new_inner_wrapper(self) -> Any:
         wrapper_class = self._backend.library.BatchPrefillWithRaggedKVCacheWrapper
         if self.captured:
             # CUDA-graph mode: FlashInfer copies indptrs into these fixed buffers at every plan
             qo_indptr_buf, kv_indptr_buf = self.stager.device_views()
-            self._inner = wrapper_class(
+            return wrapper_class(
                 self._backend.workspace,
                 "NHD",
                 use_cuda_graph=True,
@@ -101,9 +107,7 @@ class FlashInferWrapper(PlanWrapper):
                 kv_indptr_buf=kv_indptr_buf,
                 backend=self._backend.kernel_backend,
             )
-        else:
-            self._inner = wrapper_class(self._backend.workspace, "NHD", backend=self._backend.kernel_backend)
-        return self._inner
+        return wrapper_class(self._backend.workspace, "NHD", backend=self._backend.kernel_backend)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         assert self._layout is not None, "run before plan"
