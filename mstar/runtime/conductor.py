@@ -13,7 +13,6 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +61,6 @@ class Conductor:
         pool: WorkerPool,
         store: SegmentStore,
         metrics: MetricsSink,
-        on_progress: Callable[[str, int, int], None] | None = None,
     ):
         self.config = config
         self.spec = spec
@@ -70,7 +68,6 @@ class Conductor:
         self.pool = pool
         self.store = store
         self.metrics = metrics
-        self.on_progress = on_progress
         self.jobs: dict[str, Job] = {}  # rid -> job, waiting or running
         self.rids: dict[str, str] = {}  # request_id -> rid
         self.waiting: deque[str] = deque()
@@ -197,11 +194,6 @@ class Conductor:
         if job is None:
             return
         job.handle.push(Progress(message.step, message.total))
-        if self.on_progress is not None:
-            try:
-                self.on_progress(job.handle.request_id, message.step, message.total)
-            except Exception:
-                log.exception("on_progress callback failed")
 
     def _on_walk_done(self, message: m.WalkDone) -> None:
         job = self.jobs.get(message.rid)

@@ -53,6 +53,15 @@ class BootFailed(msgspec.Struct, tag=True, frozen=True):
     error: str
 
 
+class BootProgress(msgspec.Struct, tag=True, frozen=True):
+    """Load and warmup progress while a worker boots (BuildContext.progress)."""
+
+    worker: int
+    label: str
+    done: int
+    total: int
+
+
 class Heartbeat(msgspec.Struct, tag=True, frozen=True):
     worker: int
     incarnation: int
@@ -143,6 +152,7 @@ class Handoff(msgspec.Struct, tag=True, frozen=True):
 Message = (
     Ready
     | BootFailed
+    | BootProgress
     | Heartbeat
     | StepProgress
     | WalkDone

@@ -64,10 +64,12 @@ class Runtime:
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self._closing = False
+        self._on_boot_progress: Callable[[str, int, int], None] | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def start(self, on_progress: Callable[[str, int, int], None] | None = None) -> None:
+        """Boot every worker; `on_progress(label, done, total)` gets their load and warmup progress."""
         if self._pool is not None:
             raise RuntimeError("Runtime.start() was already called")
         self._run_dir = make_run_dir()
@@ -82,9 +84,8 @@ class Runtime:
             str(self._store.directory), prefix,
         )  # fmt: skip
         self._pool = WorkerPool(self.groups, template, self.config.transport, self._run_dir)
-        self._conductor = Conductor(
-            self.config, self.spec, self.owner, self._pool, self._store, self.metrics, on_progress
-        )
+        self._conductor = Conductor(self.config, self.spec, self.owner, self._pool, self._store, self.metrics)
+        self._on_boot_progress = on_progress
         self._tasks = [asyncio.create_task(self._receive())]
         atexit.register(self._cleanup_at_exit)
         try:
@@ -198,11 +199,22 @@ class Runtime:
         elif isinstance(message, m.Ready):
             if self._pool.on_ready(message) and self._started:
                 self._conductor.admit_waiting()
+        elif isinstance(message, m.BootProgress):
+            self._report_boot_progress(message)
         elif isinstance(message, m.BootFailed):
             if self._pool.on_boot_failed(message):
                 log.error("%s", self._boot_failure(message.worker, message.error))
         else:
             self._conductor.handle_message(message)
+
+    def _report_boot_progress(self, message: m.BootProgress) -> None:
+        if self._on_boot_progress is None:
+            return
+        label = message.label if len(self.groups) == 1 else f"worker {message.worker}: {message.label}"
+        try:
+            self._on_boot_progress(label, message.done, message.total)
+        except Exception:
+            log.exception("boot progress callback failed")
 
     async def _monitor(self) -> None:
         next_sweep = time.monotonic() + SWEEP_INTERVAL_S

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -31,7 +32,9 @@ FLUSH_ON_EXIT_MS = 1000
 log = logging.getLogger("mstar.worker")
 
 
-def build_group(boot: m.WorkerBoot) -> tuple[ServerConfig, ModelSpec, dict[str, Node], dict[str, int]]:
+def build_group(
+    boot: m.WorkerBoot, progress: Callable[[str, int, int], None]
+) -> tuple[ServerConfig, ModelSpec, dict[str, Node], dict[str, int]]:
     config = ServerConfig.model_validate_json(boot.config_json)
     spec = get_model_spec(boot.spec_path)
     groups = config.placement(spec.node_names)
@@ -43,7 +46,7 @@ def build_group(boot: m.WorkerBoot) -> tuple[ServerConfig, ModelSpec, dict[str, 
         node_names=tuple(group.nodes),
         model_path=config.model_path,
         random_weights=config.random_weights,
-        progress=_log_progress,
+        progress=progress,
     )
     built = spec.build_nodes(context)
     missing = [name for name in group.nodes if name not in built]
@@ -54,10 +57,6 @@ def build_group(boot: m.WorkerBoot) -> tuple[ServerConfig, ModelSpec, dict[str, 
         node.name = node.name or name
         node.warmup()
     return config, spec, nodes, owner
-
-
-def _log_progress(label: str, done: int, total: int) -> None:
-    log.info("%s: %d/%d", label, done, total)
 
 
 class Worker:
@@ -71,12 +70,13 @@ class Worker:
         self.parent_pid = os.getppid()
         self.loop: StepLoop | None = None
         self.stopping = False
+        self._boot_progress_lock = threading.Lock()
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
 
     def boot_nodes(self) -> bool:
         try:
-            _, spec, nodes, owner = build_group(self.boot)
+            _, spec, nodes, owner = build_group(self.boot, self._boot_progress)
         except Exception as exc:
             log.exception("worker %d failed to boot", self.boot.worker)
             send(
@@ -99,6 +99,12 @@ class Worker:
 
     def _to_conductor(self, message: m.Message) -> None:
         send(self.conductor, message)
+
+    def _boot_progress(self, label: str, done: int, total: int) -> None:
+        """BuildContext.progress: loaders may call it from their own threads, hence the lock."""
+        log.debug("%s: %d/%d", label, done, total)
+        with self._boot_progress_lock:
+            send(self.conductor, m.BootProgress(self.boot.worker, str(label), int(done), int(total)))
 
     def serve(self) -> None:
         assert self.loop is not None

@@ -139,7 +139,11 @@ class FakeSpec(ModelSpec):
         return "generate" if finished == "encode" else None
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
-        return {name: NODE_CLASSES[name]() for name in ctx.node_names}
+        nodes = {}
+        for index, name in enumerate(ctx.node_names):
+            nodes[name] = NODE_CLASSES[name]()
+            ctx.progress("build", index + 1, len(ctx.node_names))
+        return nodes
 
 
 class BrokenBootSpec(FakeSpec):

@@ -31,23 +31,31 @@ class RecordingMetrics:
 def runtime(loop):
     progress_calls = []
     rt = Runtime(make_config(), FakeSpec(), metrics=RecordingMetrics())
-    run(loop, rt.start(on_progress=lambda rid, step, total: progress_calls.append((rid, step, total))))
-    rt.progress_calls = progress_calls
+    run(loop, rt.start(on_progress=lambda label, done, total: progress_calls.append((label, done, total))))
+    rt.boot_progress = progress_calls
     yield rt
     run(loop, rt.shutdown(timeout_s=2.0))
 
 
-def test_request_crosses_both_workers_with_tensors(loop, runtime):
+def test_boot_progress_reaches_the_start_callback(runtime):
     assert runtime.ready
+    assert sorted(runtime.boot_progress) == [
+        ("worker 0: build", 1, 2), ("worker 0: build", 2, 2), ("worker 1: build", 1, 2), ("worker 1: build", 2, 2)
+    ]  # fmt: skip
+
+
+def test_request_crosses_both_workers_with_tensors(loop, runtime):
     image = np.ones((2, 3), np.float32)  # adds 6 to the embeddings
     handle = runtime.submit({"seed": 5, "steps": 4}, inputs={"image": image}, request_id="cross")
     events = run(loop, _collect(handle))
-    assert [(e.step, e.total) for e in events if isinstance(e, Progress)] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    steps = [(e.step, e.total) for e in events if isinstance(e, Progress)]
+    # Progress comes from the loop's worker and Done from another one: a step's event may be
+    # overtaken by the request's end, so only order and range are promised.
+    assert steps and steps == sorted(set(steps)) and all(total == 4 and step <= 4 for step, total in steps)
     assert isinstance(events[-1], Done)
     frames = events[-1].outputs["frames"]
     assert frames.dtype == np.uint8 and frames.shape == (1, 2, 2, 3)
     assert int(frames[0, 0, 0, 0]) == (4 * 5 + 6 + 4) % 256
-    assert ("cross", 4, 4) in runtime.progress_calls
 
 
 def test_requests_join_a_running_loop_and_leave_it(loop, runtime):
