@@ -77,7 +77,8 @@ serve_phase() {  # serve_phase MODEL WORKLOAD COMPILE_SIZE CONCURRENCY NUM_REQUE
   shift 5
   local port=8765 log="$out/server-$workload.log"
   printf 'compile_sizes: ["%s"]\nmax_concurrent_requests: 16\n' "$size" > /tmp/mstar-bench.yaml
-  mstar serve "$model" --config /tmp/mstar-bench.yaml --port "$port" "$@" > "$log" 2>&1 &
+  # python3 itself in the background (not the shell function) so that $! is the server to stop
+  python3 -m mstar.cli serve "$model" --config /tmp/mstar-bench.yaml --port "$port" "$@" > "$log" 2>&1 &
   local server_pid=$!
   local ready=0
   for _ in $(seq 1 300); do  # boot: random weights, warmup compile (up to 5 minutes)
