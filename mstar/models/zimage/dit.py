@@ -39,6 +39,7 @@ class DiTInput:
     latents: torch.Tensor
     timestep: float
     caption: torch.Tensor
+    frame_dim: bool = False  # the caller's latents were [C, 1, H, W]: return the output that way too
 
     @classmethod
     def of(cls, item: DiTInput | dict) -> DiTInput:
@@ -46,10 +47,9 @@ class DiTInput:
         if isinstance(item, DiTInput):
             return item
         latents = item["latents"]
-        if latents.dim() == 4:  # [C, F=1, H, W] as diffusers takes it
-            latents = latents.squeeze(1)
+        frame_dim = latents.dim() == 4  # [C, F=1, H, W] as diffusers takes it
         caption = item["caption"] if "caption" in item else item["text"]
-        return cls(latents, float(item["timestep"]), caption)
+        return cls(latents.squeeze(1) if frame_dim else latents, float(item["timestep"]), caption, frame_dim)
 
 
 def padded_len(num_tokens: int) -> int:
@@ -182,7 +182,8 @@ class ZImageDiT(nn.Module):
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, items: list[DiTInput | dict], attn) -> list[torch.Tensor]:
-        """Predict the flow for every item in one packed pass; returns [C, H, W] per item."""
+        """Predict the flow for every item in one packed pass; returns [C, H, W] per item
+        ([C, 1, H, W] for items given with the frame dimension, as diffusers' layout)."""
         items = [DiTInput.of(item) for item in items]
         device = items[0].latents.device
         dtype = self.all_x_embedder[self._key].weight.dtype
@@ -200,7 +201,8 @@ class ZImageDiT(nn.Module):
 
         unified, rope, token_item = self._unify(geos, x, x_rope, cap, cap_rope, device)
         unified = self._run_layers(unified, rope[0], rope[1], item_emb, token_item, attn)
-        return self._split_outputs(unified, geos)
+        outputs = self._split_outputs(unified, geos)
+        return [out.unsqueeze(1) if item.frame_dim else out for out, item in zip(outputs, items, strict=True)]
 
     def _layer_stack(self, unified, cos, sin, item_emb, token_item, attn) -> torch.Tensor:
         """Main layers and final layer over the packed [image_i, caption_i] tokens [T, dim]."""

@@ -120,3 +120,13 @@ def test_build_needs_weights_or_random_weights():
     ctx = BuildContext(config=ServerConfig(), device="cpu", node_names=spec.node_names)
     with pytest.raises(ValueError, match="--model-path"):
         spec.build_nodes(ctx)
+
+
+def test_warmup_runs_single_and_paired_steps(nodes):
+    dit = nodes["dit"]
+    dit.warmup_sizes = [(48, 32)]
+    try:
+        dit.warmup()
+    finally:
+        dit.warmup_sizes = []
+    assert dit.num_recompiles() == 0
