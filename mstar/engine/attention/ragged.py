@@ -52,7 +52,8 @@ class RaggedAttention:
         self.cuda_graph = cuda_graph
         self._slots_by_label: dict[str, _LabelSlots] = {}
         self._label_ids: dict[str, int] = {}
-        self._slots_by_id: list[_LabelSlots] = []
+        self._slots_by_id: dict[int, _LabelSlots] = {}
+        self._next_label_id = 0
         self._instance_id = register_instance(self)
 
     def __repr__(self) -> str:
@@ -108,13 +109,9 @@ class RaggedAttention:
         slots.pending = None
 
     def discard(self, label: str) -> None:
-        """Forget every plan of a label (its wrappers stay for reuse)."""
-        slots = self._slots_by_label.get(label)
-        if slots is None:
-            return
-        for wrapper in slots.wrappers:
-            wrapper.forget()
-        slots.active = slots.pending = None
+        """Remove a label with its wrappers and plans (the boot check's label, for one)."""
+        if self._slots_by_label.pop(label, None) is not None:
+            del self._slots_by_id[self._label_ids.pop(label)]
 
     # ---- running (every layer; traceable) ----
 
@@ -132,14 +129,20 @@ class RaggedAttention:
 
     def run_active(self, label_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The eager body of the custom op: the label's active wrapper runs the kernel."""
-        slots = self._slots_by_id[label_id]
+        slots = self._slots_by_id.get(label_id)
+        if slots is None:
+            raise RuntimeError(f"attention label id {label_id} was discarded")
         if slots.active is None:
             raise RuntimeError(
                 f"attention label '{slots.name}' has no plan (never planned, or its plan failed)"
             )
-        return slots.wrappers[slots.active].run(q, k, v)
+        # contiguous, as the fake impl promises the compiler (a no-op for every kernel we know)
+        return slots.wrappers[slots.active].run(q, k, v).contiguous()
 
     # ---- introspection (tests, benchmarks, metrics) ----
+
+    def labels(self) -> list[str]:
+        return list(self._slots_by_label)
 
     def wrappers(self, label: str) -> list[PlanWrapper]:
         return list(self._slots(label).wrappers)
@@ -152,7 +155,7 @@ class RaggedAttention:
 
     @property
     def num_kernel_plans(self) -> int:
-        return sum(w.num_kernel_plans for s in self._slots_by_id for w in s.wrappers)
+        return sum(w.num_kernel_plans for s in self._slots_by_id.values() for w in s.wrappers)
 
     # ---- internals ----
 
@@ -163,8 +166,9 @@ class RaggedAttention:
             wrappers = [self.backend.make_wrapper(captured) for _ in range(self.num_slots)]
             slots = _LabelSlots(wrappers=wrappers, name=label)
             self._slots_by_label[label] = slots
-            self._label_ids[label] = len(self._slots_by_id)
-            self._slots_by_id.append(slots)
+            self._label_ids[label] = self._next_label_id
+            self._slots_by_id[self._next_label_id] = slots
+            self._next_label_id += 1
         return slots
 
     def _slot_holding(self, slots: _LabelSlots, layout: AnyLayout) -> int | None:
