@@ -20,6 +20,7 @@ commands given. Ratio = baseline time / mstar time (above 1: mstar is faster). F
 the measured time. Newest first; older runs are kept below.
 """
 RUNS_MARKER = "<!-- runs: newest first -->"
+NO_RUNS_YET = "_No run recorded yet._"
 COMPARISON_HEADER = (
     "| workload | metric | mstar | diffusers eager | diffusers compiled | ratio | fraction of roofline |\n"
     "|---|---|---|---|---|---|---|"
@@ -209,7 +210,8 @@ def update_benchmarks_doc(doc_path: Path, section: str) -> None:
         # First structured write: the old header (and its empty table) are replaced by the new one.
         text = f"{DOC_HEADER}\n{RUNS_MARKER}\n"
     head, tail = text.split(RUNS_MARKER, 1)
-    doc_path.write_text(f"{head}{RUNS_MARKER}\n\n{section}\n{tail.lstrip(chr(10))}")
+    tail = tail.replace(NO_RUNS_YET, "")
+    doc_path.write_text(f"{head}{RUNS_MARKER}\n\n{section}\n{tail.lstrip(chr(10))}".rstrip("\n") + "\n")
 
 
 def load_results(paths: list[Path]) -> list[dict[str, Any]]:
