@@ -8,6 +8,7 @@ import pytest
 
 from mstar.config import NodeGroup
 from mstar.errors import Overloaded, RequestFailed
+from mstar.runtime import pool as pool_module
 from mstar.runtime.events import Failed
 from mstar.runtime.runtime import Runtime
 from tests.runtime.fake_models import BrokenBootSpec, FakeSpec, expected_frame_value
@@ -43,6 +44,26 @@ def test_killed_worker_fails_its_requests_and_is_restarted(loop):
         assert new_pids[0] == old_pids[0] and new_pids[1] not in (None, old_pids[1])
         outputs = run(loop, runtime.submit({"seed": 7, "steps": 3}).result())
         assert int(outputs["frames"][0, 0, 0, 0]) == expected_frame_value(7, 3)
+    finally:
+        run(loop, runtime.shutdown(timeout_s=1.0))
+
+
+def test_frozen_worker_is_detected_by_missing_heartbeats(loop, monkeypatch):
+    monkeypatch.setattr(pool_module, "HEARTBEAT_TIMEOUT_S", 2.0)
+    runtime = Runtime(make_config(node_groups=[]), FakeSpec())
+    run(loop, runtime.start())
+    try:
+        events = runtime.submit(LONG).events()
+        run(loop, until_progress(events, 1))
+        frozen_pid = runtime.worker_pids()[0]
+        os.kill(frozen_pid, signal.SIGSTOP)  # alive but silent
+        event = run(loop, final_event(events), timeout_s=10.0)
+        assert isinstance(event, Failed) and event.kind == "worker_died"
+        assert not _process_exists(frozen_pid)
+        monkeypatch.setattr(pool_module, "HEARTBEAT_TIMEOUT_S", 30.0)
+        run(loop, wait_for(lambda: runtime.ready, timeout_s=20.0))
+        outputs = run(loop, runtime.submit({"seed": 2, "steps": 2}).result())
+        assert int(outputs["frames"][0, 0, 0, 0]) == expected_frame_value(2, 2)
     finally:
         run(loop, runtime.shutdown(timeout_s=1.0))
 
