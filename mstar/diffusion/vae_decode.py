@@ -51,7 +51,8 @@ def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
     """Video [B, 3, F, H, W] in [-1, 1] -> uint8 [B, F, H, W, 3] on the same device."""
     import torch
 
-    pixels = ((video.clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
+    # fp32 arithmetic: bf16 has a step of 1.0 between 128 and 256, which would bias the rounding.
+    pixels = ((video.float().clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
     return pixels.permute(0, 2, 3, 4, 1)
 
 

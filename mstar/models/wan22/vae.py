@@ -6,12 +6,16 @@ Decoding runs one latent frame at a time with causal frame caches exactly as dif
 
     vae = load_wan_vae("ckpt/vae", device="cuda", dtype=torch.bfloat16)
     video = vae.decode(denormalize_latents(latents, vae.config))   # [B, 3, F, H, W] in [-1, 1]
+    mean = vae.encode(image)                                        # [B, 3, 1, H, W] -> [B, z, 1, h, w]
     decoder = decoder_only(vae); del vae                            # serving keeps only this
+    decoder = load_wan_vae("ckpt/vae", "cuda", torch.bfloat16, decoder_only=True)  # reads no encoder
+
+For serving decode (channels_last_3d, torch.compile, uint8 frames) see mstar.diffusion.vae_decode.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,7 +26,7 @@ from mstar.models.wan22.vae_coders import Decoder3d, Encoder3d, patchify, unpatc
 from mstar.models.wan22.vae_config import WanVAEConfig
 
 ENCODE_CHUNK_FRAMES = 4  # frames per encoder call after the first frame (diffusers hard-codes 4)
-_WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+_ENCODER_KEY_PREFIXES = ("encoder.", "quant_conv.")  # skipped by the decoder-only copy
 
 
 def _build_decoder(config: WanVAEConfig) -> Decoder3d:
@@ -157,67 +161,24 @@ def normalize_latents(latents: torch.Tensor, config: WanVAEConfig) -> torch.Tens
     return (latents - mean) * recip_std
 
 
-def _weight_files(vae_dir: Path) -> list[Path]:
-    index_path = vae_dir / f"{_WEIGHTS_NAME}.index.json"
-    if index_path.exists():
-        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        return [vae_dir / name for name in sorted(set(weight_map.values()))]
-    single = vae_dir / _WEIGHTS_NAME
-    if not single.exists():
-        raise FileNotFoundError(f"no {_WEIGHTS_NAME} (or its .index.json) in {vae_dir}")
-    return [single]
-
-
-def _read_tensors(vae_dir: Path, wanted: set[str], device: str) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """The wanted tensors straight onto `device`, and the names of the others in the files."""
-    from safetensors import safe_open
-
-    tensors: dict[str, torch.Tensor] = {}
-    others: set[str] = set()
-    for path in _weight_files(vae_dir):
-        with safe_open(str(path), framework="pt", device=device) as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if name in wanted:
-                    tensors[name] = f.get_tensor(name)
-                else:
-                    others.add(name)
-    return tensors, others
-
-
-def load_state_dict_strict(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
-    """Assign `tensors` (cast to dtype) as model's parameters; errors name the offending tensor."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise ValueError(f"Wan VAE checkpoint is missing {len(missing)} tensors, e.g. '{missing[0]}'")
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ValueError(
-                f"Wan VAE tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
-            )
-    model.load_state_dict({name: t.to(dtype) for name, t in tensors.items()}, strict=True, assign=True)
-
-
 def load_wan_vae(
-    vae_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, decoder_only: bool = False
+    vae_dir: str | Path,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    decoder_only: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> WanVAE | WanVAEDecoder:
     """Build from a diffusers `vae/` folder (config.json + safetensors) straight onto device/dtype.
 
-    decoder_only=True reads just post_quant_conv and decoder tensors (the serving copy).
+    decoder_only=True reads just the post_quant_conv and decoder tensors (the serving copy).
+    Errors (mstar.models.checkpoint.CheckpointError, a ValueError) name the offending tensor.
     """
-    vae_dir = Path(vae_dir)
-    config = WanVAEConfig.from_json_file(vae_dir / "config.json")
-    with torch.device("meta"):
-        model = WanVAEDecoder(config) if decoder_only else WanVAE(config)
-    tensors, others = _read_tensors(vae_dir, set(model.state_dict()), device)
-    unexpected = sorted(others) if not decoder_only else sorted(n for n in others if not _is_encoder_key(n))
-    if unexpected:
-        raise ValueError(
-            f"Wan VAE checkpoint has {len(unexpected)} unexpected tensors, e.g. '{unexpected[0]}'"
-        )
-    load_state_dict_strict(model, tensors, dtype)
-    return model.eval().requires_grad_(False)
+    from mstar.models.checkpoint import build_module, read_config
 
-
-def _is_encoder_key(name: str) -> bool:
-    return name.startswith(("encoder.", "quant_conv."))
+    config = WanVAEConfig.from_dict(read_config(vae_dir))
+    if decoder_only:
+        return build_module(
+            lambda: WanVAEDecoder(config), device, dtype, folder=vae_dir, progress=progress,
+            ignore_unexpected=_ENCODER_KEY_PREFIXES,
+        )  # fmt: skip
+    return build_module(lambda: WanVAE(config), device, dtype, folder=vae_dir, progress=progress)

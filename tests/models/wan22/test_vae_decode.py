@@ -90,6 +90,12 @@ def test_to_uint8_frames_scaling_and_layout():
     assert frames[0, 1, 0, 1].tolist() == [0, 191, 255]  # (0.5 + 1) * 127.5 = 191.25
 
 
+def test_to_uint8_frames_of_bf16_rounds_in_fp32():
+    values = torch.linspace(-1, 1, 4001).to(torch.bfloat16).view(1, 1, 1, 1, -1).expand(1, 3, 1, 1, -1)
+    expected = ((values.float() + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 4, 1)
+    assert torch.equal(to_uint8_frames(values), expected)
+
+
 def test_cpu_never_compiles_and_bad_inputs_raise(decoder, latents):
     runner = VaeDecodeRunner(copy.deepcopy(decoder), compile_mode="max-autotune")
     assert runner.compile_mode == "off"
