@@ -154,10 +154,12 @@ class WorkerPool:
             if w.popen is None and w.restart_at is not None and w.restart_at <= now
         ]
 
-    def stop_all(self, timeout_s: float = EXIT_WAIT_S) -> None:
-        """Ask every worker to exit, then kill what is left after `timeout_s`."""
+    def ask_exit(self) -> None:
         for worker in self.workers:
             self.send(worker.index, m.Shutdown())
+
+    def wait_exit(self, timeout_s: float = EXIT_WAIT_S) -> None:
+        """Wait for the workers to leave (no sockets touched: safe in a helper thread); kill stragglers."""
         deadline = time.monotonic() + timeout_s
         for worker in self.workers:
             if worker.popen is None:
@@ -168,6 +170,8 @@ class WorkerPool:
                 worker.popen.kill()
                 worker.popen.wait()
             worker.popen, worker.endpoint, worker.restart_at = None, "", None
+
+    def close(self) -> None:
         self.outboxes.close()
         self._context.destroy(linger=0)
 

@@ -136,7 +136,9 @@ class Runtime:
         self._tasks = []
         atexit.unregister(self._cleanup_at_exit)
         if self._pool is not None:
-            await asyncio.to_thread(self._pool.stop_all)
+            self._pool.ask_exit()
+            await asyncio.to_thread(self._pool.wait_exit)
+            self._pool.close()
         if getattr(self, "_inbox", None) is not None:
             self._inbox.close(linger=0)
             self._context.term()
