@@ -28,12 +28,6 @@ FRAMES = "frames"
 INPUT_REFERENCE = "input_reference"  # uint8 [H, W, 3] image from the API
 
 
-def video_to_uint8(video: torch.Tensor) -> torch.Tensor:
-    """[3, F, H, W] in [-1, 1] -> uint8 [F, H, W, 3] (rounded)."""
-    scaled = ((video.float() / 2 + 0.5).clamp(0, 1) * 255).round()
-    return scaled.to(torch.uint8).permute(1, 2, 3, 0).contiguous()
-
-
 def image_to_video_input(image: Any, width: int, height: int) -> torch.Tensor:
     """uint8 [H, W, 3] -> float [1, 3, 1, height, width] in [-1, 1], resized (Lanczos) like diffusers."""
     import numpy as np
@@ -69,21 +63,33 @@ class WanVAEEncodeNode(Node):
 
 
 class WanVAEDecodeNode(Node):
-    """Final latents -> request.tensors["frames"] uint8 [F, H, W, 3]."""
+    """Final latents -> request.tensors["frames"] uint8 [F, H, W, 3] (VaeDecodeRunner: channels-last,
+    compiled on GPU for clips)."""
 
-    def __init__(self, vae: WanVAEDecoder, name: str = "vae_decoder", max_batch_size: int = 4):
-        self.vae = vae
+    def __init__(self, runner, config, warmup_shapes=(), name: str = "vae_decoder", max_batch_size: int = 4):
+        self.runner = runner  # mstar.diffusion.vae_decode.VaeDecodeRunner
+        self.config = config  # WanVAEConfig (latents_mean / latents_std)
+        self.warmup_shapes = list(warmup_shapes)
         self.name = name
         self.max_batch_size = max_batch_size
-        self.device = next(vae.parameters()).device
-        self.dtype = next(vae.parameters()).dtype
 
     @torch.inference_mode()
     def forward(self, batch: list[RequestState]) -> None:
         for request in batch:  # clip sizes differ between requests; decode one at a time
-            latents = request.tensors.pop(LATENTS).to(self.device, torch.float32)[None]
-            vae_latents = denormalize_latents(latents, self.vae.config).to(self.dtype)
-            request.tensors[FRAMES] = video_to_uint8(self.vae.decode(vae_latents)[0])
+            latents = request.tensors.pop(LATENTS).to(self.runner.device, torch.float32)[None]
+            vae_latents = denormalize_latents(latents, self.config).to(self.runner.dtype)
+            request.tensors[FRAMES] = self.runner.decode_uint8(vae_latents)
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        for shape in self.warmup_shapes:
+            self.runner.decode_uint8(
+                torch.zeros((1, *shape), device=self.runner.device, dtype=self.runner.dtype)
+            )
+        self.runner.finish_warmup()
+
+    def num_recompiles(self) -> int:
+        return self.runner.num_recompiles
 
 
 def load_config(model_path: str | None, default: Wan22Config) -> Wan22Config:
@@ -170,10 +176,16 @@ def _vae_encoder_node(config: Wan22Config, ctx: BuildContext, model_path: str | 
 
 
 def _vae_decoder_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dtype) -> Node:
+    from mstar.diffusion.vae_decode import VaeDecodeRunner
+    from mstar.engine.compile import effective_mode
+
     if model_path is not None:
         vae = load_wan_vae(_folder(model_path, "vae"), device=ctx.device, dtype=dtype, decoder_only=True)
     else:
         vae = build_module(
             lambda: WanVAEDecoder(_vae_config(config)), ctx.device, dtype, progress=ctx.progress
         )
-    return WanVAEDecodeNode(vae)
+    server = ctx.config
+    mode = effective_mode(server.compile_mode, ctx.device)
+    shapes = _warmup_shapes(config, server.compile_sizes) if server.warmup and mode != "off" else []
+    return WanVAEDecodeNode(VaeDecodeRunner(vae, compile_mode=mode), vae.config, shapes)
