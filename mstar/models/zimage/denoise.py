@@ -15,7 +15,7 @@ from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart
 from mstar.diffusion.noise import seeded_noise
 from mstar.diffusion.samplers import FlowMatchEulerSampler, linear_sigmas
 from mstar.graph import RequestState
-from mstar.models.zimage.config import ZImageConfig
+from mstar.models.zimage.config import SchedulerConfig, ZImageConfig
 from mstar.models.zimage.dit import DiTInput, ZImageDiT, padded_len
 from mstar.models.zimage.text_encoder import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS, uses_guidance
 
@@ -35,6 +35,26 @@ def zimage_guidance(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> t
 
 def latent_size(height: int, width: int, vae_scale: int) -> tuple[int, int]:
     return 2 * (height // (vae_scale * 2)), 2 * (width // (vae_scale * 2))
+
+
+def image_shift_mu(scheduler: SchedulerConfig, image_seq_len: int) -> float:
+    """The pipeline's resolution-dependent mu (used only by dynamically shifting schedulers)."""
+    slope = (scheduler.max_shift - scheduler.base_shift) / (
+        scheduler.max_image_seq_len - scheduler.base_image_seq_len
+    )
+    intercept = scheduler.base_shift - slope * scheduler.base_image_seq_len
+    return image_seq_len * slope + intercept
+
+
+def make_sampler(
+    scheduler: SchedulerConfig, num_steps: int, height: int, width: int
+) -> FlowMatchEulerSampler:
+    """The schedule ZImagePipeline sets: linspace(1, 1/N, N) sigmas, shifted (latent size h x w)."""
+    mu = image_shift_mu(scheduler, (height // 2) * (width // 2)) if scheduler.use_dynamic_shifting else None
+    return FlowMatchEulerSampler(
+        num_steps, shift=scheduler.shift, sigmas=linear_sigmas(num_steps), mu=mu,
+        num_train_timesteps=scheduler.num_train_timesteps,
+    )  # fmt: skip
 
 
 class ZImageDenoiser:
@@ -64,9 +84,7 @@ class ZImageHooks:
     def start(self, request: RequestState) -> DenoiseStart:
         params = request.params
         height, width = latent_size(params["height"], params["width"], self.config.vae.spatial_scale)
-        num_steps = params["num_inference_steps"]
-        scheduler = self.config.scheduler
-        sampler = FlowMatchEulerSampler(num_steps, shift=scheduler.shift, sigmas=linear_sigmas(num_steps))
+        sampler = make_sampler(self.config.scheduler, params["num_inference_steps"], height, width)
         latents = seeded_noise(
             (self.config.dit.in_channels, height, width), params["seed"], device=self.device
         )

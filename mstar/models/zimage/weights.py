@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from mstar.models.checkpoint import build_module, component_path, read_config
-from mstar.models.zimage.config import DiTConfig, VAEConfig, ZImageConfig, from_json_dict
+from mstar.models.zimage.config import DiTConfig, SchedulerConfig, VAEConfig, ZImageConfig, from_json_dict
 
 # The VAE folder also holds the encoder half, which serving never runs.
 VAE_ENCODER_PATTERNS = ("encoder.", "quant_conv.")
@@ -22,7 +22,11 @@ def load_configs(model_path: str | None, fallback: ZImageConfig) -> ZImageConfig
     dit = from_json_dict(DiTConfig, read_config(component_path(model_path, "transformer")))
     vae = from_json_dict(VAEConfig, read_config(component_path(model_path, "vae")))
     text = read_config(component_path(model_path, "text_encoder"))
-    return ZImageConfig(dit=dit, vae=vae, scheduler=fallback.scheduler, text_encoder=text)
+    scheduler = fallback.scheduler
+    if (Path(model_path) / "scheduler").is_dir():
+        scheduler_json = read_config(component_path(model_path, "scheduler"), "scheduler_config.json")
+        scheduler = from_json_dict(SchedulerConfig, scheduler_json)
+    return ZImageConfig(dit=dit, vae=vae, scheduler=scheduler, text_encoder=text)
 
 
 def _folder(model_path: str | None, component: str) -> Path | None:
