@@ -100,8 +100,9 @@ ZIMAGE_TEXT_TOKENS = 128  # a typical Qwen3 prompt length after padding to 32 (4
 
 def tiny_wan_transformer() -> dict[str, Any]:
     config = copy.deepcopy(WAN22_TI2V_5B_TRANSFORMER)
-    config.update(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4)
-    config.update(text_dim=32, freq_dim=16, ffn_dim=64, num_layers=2, rope_max_seq_len=64)
+    # head dim 64: the smallest every GPU attention backend (fa3, FlashInfer) takes
+    config.update(num_attention_heads=2, attention_head_dim=64, in_channels=4, out_channels=4)
+    config.update(text_dim=32, freq_dim=16, ffn_dim=256, num_layers=2, rope_max_seq_len=64)
     return config
 
 
@@ -114,8 +115,8 @@ def tiny_wan_vae() -> dict[str, Any]:
 
 def tiny_zimage_transformer() -> dict[str, Any]:
     config = copy.deepcopy(ZIMAGE_TURBO_TRANSFORMER)
-    config.update(in_channels=4, dim=48, n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2)
-    config.update(cap_feat_dim=16, axes_dims=[8, 8, 8], axes_lens=[64, 32, 32])
+    config.update(in_channels=4, dim=128, n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2)
+    config.update(cap_feat_dim=16, axes_dims=[16, 24, 24], axes_lens=[64, 32, 32])
     return config
 
 
