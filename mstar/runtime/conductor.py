@@ -114,9 +114,8 @@ class Conductor:
 
     def _admit(self) -> None:
         if not self.pool.all_up:
-            while self.waiting and not self.config.worker_restart:
-                job = self.jobs[self.waiting[0]]
-                self._end(job, Failed("a worker is down and restarts are off", "worker_died"))
+            if not self.config.worker_restart:
+                self.fail_waiting("a worker is down and restarts are off", "worker_died")
             return
         while self.waiting and len(self.running) < self.config.max_concurrent_requests:
             job = self.jobs[self.waiting.popleft()]
@@ -231,6 +230,10 @@ class Conductor:
             job = self.jobs[rid]
             if index in job.workers:
                 self._end(job, Failed(f"worker {index} died", "worker_died"))
+
+    def fail_waiting(self, message: str, kind: str) -> None:
+        while self.waiting:
+            self._end(self.jobs[self.waiting[0]], Failed(message, kind))
 
     def fail_all(self, message: str, kind: str) -> None:
         for job in list(self.jobs.values()):

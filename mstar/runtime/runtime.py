@@ -119,8 +119,7 @@ class Runtime:
         self._closing = True
         conductor = self._conductor
         conductor.accepting = False
-        for rid in list(conductor.waiting):
-            conductor._end(conductor.jobs[rid], Failed("server is shutting down", "aborted"))
+        conductor.fail_waiting("server is shutting down", "aborted")
         deadline = time.monotonic() + timeout_s
         while conductor.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -234,7 +233,7 @@ class Runtime:
     def _watch_workers(self) -> None:
         for index in self._pool.find_dead():
             self._conductor.on_worker_down(index)
-            if self.config.worker_restart:
+            if self.config.worker_restart and not self._closing:
                 self._pool.schedule_restart(index)
             else:
                 self._conductor.admit_waiting()  # fails the waiting requests: nothing will serve them

@@ -68,7 +68,7 @@ def test_frozen_worker_is_detected_by_missing_heartbeats(loop, monkeypatch):
         run(loop, runtime.shutdown(timeout_s=1.0))
 
 
-def test_queue_full_raises_overloaded_over_tcp(loop):
+def test_queue_full_raises_overloaded_over_tcp_and_no_restart_fails_fast(loop):
     config = make_config(
         node_groups=[], transport="tcp", max_concurrent_requests=1, max_queue_size=1, worker_restart=False
     )
@@ -83,6 +83,11 @@ def test_queue_full_raises_overloaded_over_tcp(loop):
         run(loop, until_progress(running.events(), 1))
         assert runtime.abort(running.request_id)
         assert int(run(loop, waiting.result())["frames"][0, 0, 0, 0]) == expected_frame_value(4, 2)
+        os.kill(runtime.worker_pids()[0], signal.SIGKILL)  # and worker_restart is off
+        run(loop, wait_for(lambda: not runtime.ready))
+        with pytest.raises(RequestFailed) as failure:
+            run(loop, runtime.submit({"seed": 1}).result())
+        assert failure.value.kind == "worker_died"
     finally:
         run(loop, runtime.shutdown(timeout_s=1.0))
 
