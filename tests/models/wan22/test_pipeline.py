@@ -159,3 +159,16 @@ def test_requests_packed_together_match_each_alone(checkpoint):
     for i, p in enumerate(params):
         (alone,) = _generate(spec, nodes, [RequestState(f"a{i}", p)])
         assert _psnr_db(together[i] / 255.0, alone / 255.0) >= 60.0
+
+
+def test_random_weights_build_generates_and_is_seeded():
+    config = tiny_wan22_config()
+    spec = Wan22Spec(config)
+    ctx = BuildContext(config=ServerConfig(), device="cpu", node_names=spec.node_names, random_weights=True)
+    nodes = spec.build_nodes(ctx)
+    fields = {"prompt": "seeded", "width": 32, "height": 32, "num_frames": 5, "num_inference_steps": 2}
+    params = spec.validate(GenerationParams(**fields, seed=7))
+    first, again = (_generate(spec, nodes, [RequestState(f"r{i}", params)])[0] for i in range(2))
+    assert np.array_equal(first, again)
+    with pytest.raises(ValueError, match="random-weights"):
+        spec.build_nodes(BuildContext(config=ServerConfig(), device="cpu", node_names=spec.node_names))
