@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from mstar.models.zimage.config import TINY, to_json_dict
+from mstar.models.zimage.model import ZImageSpec
 
 # Renders one user turn exactly as Qwen3's template does with enable_thinking=True.
 CHAT_TEMPLATE = (
@@ -111,3 +112,13 @@ def save_tiny_pipeline(folder: Path):
     pipe = tiny_pipeline()
     pipe.save_pretrained(str(folder))
     return pipe
+
+
+class TinyZImageSpec(ZImageSpec):
+    """z-image-turbo at the tiny test sizes (runtime workers resolve it by "module:Class")."""
+
+    def __init__(self):
+        super().__init__(TINY)
+
+
+TINY_SPEC_PATH = f"{__name__}:TinyZImageSpec"
