@@ -37,7 +37,7 @@ def test_images_from_our_server():
     spec = _image_spec()
     with _serve(spec) as server:
         options = ServeOptions(
-            base_url=server.base_url, kind="image", model=spec.name, num_requests=4, num_warmup=1
+            base_url=server.base_url, kind="image", model=spec.name, num_requests=3, num_warmup=1
         )
         options.num_inference_steps = 2
         result = run_serve_benchmark(options, concurrencies=[1, 2])
