@@ -67,18 +67,25 @@ def serve_table(result: dict[str, Any]) -> str:
 
 
 def step_table(result: dict[str, Any]) -> str:
+    """One row per implementation; the counted work and its roofline time lead each workload."""
     lines = [
-        "| workload | tokens | implementation | median ms | TFLOP/s | fraction of roofline | vs diffusers eager | rel. error |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | tokens | counted TFLOP | roofline ms | implementation | median ms | TFLOP/s "
+        "| fraction of roofline | vs diffusers eager | rel. error | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in result["results"]:
         eager = _find(entry["runs"], impl="diffusers", mode="eager")
+        work = (
+            f"{entry['flops']['total'] / 1e12:.2f} | {fmt(entry['roofline_ms'])}"
+            if "flops" in entry
+            else "- | -"
+        )
         for run in entry["runs"]:
             lines.append(
-                f"| {entry['workload']} | {entry['num_tokens']} | {run_label(run)} | {fmt(run.get('median_ms'))} | "
-                f"{fmt(run.get('tflops'), 0)} | {fmt(run.get('roofline_fraction'))} | "
-                f"{_ratio(eager and eager.get('median_ms'), run.get('median_ms'))} | "
-                f"{_sci(run.get('rel_error'))} |"
+                f"| {entry['workload']} | {entry['num_tokens']} | {work} | {run_label(run)} | "
+                f"{fmt(run.get('median_ms'))} | {fmt(run.get('tflops'), 0)} | {fmt(run.get('roofline_fraction'))} | "
+                f"{_ratio(eager and eager.get('median_ms'), run.get('median_ms'))} | {_sci(run.get('rel_error'))} | "
+                f"{fmt(run.get('peak_memory_gib'), 1)} |"
             )
     return "\n".join(lines)
 

@@ -31,7 +31,13 @@ def step_result() -> dict:
             "rel_error": 0.0123,
         },
     ]
-    entry = {"workload": "wan-480p-cfg", "num_tokens": 7020, "runs": runs}
+    entry = {
+        "workload": "wan-480p-cfg",
+        "num_tokens": 7020,
+        "flops": {"gemm": 60e12, "attention": 12e12, "total": 72e12},
+        "roofline_ms": 95.1,
+        "runs": runs,
+    }
     return {
         "benchmark": "step",
         "title": "DiT ms per step",
