@@ -55,9 +55,12 @@ class WanVAEEncodeNode(Node):
     def forward(self, batch: list[RequestState]) -> None:
         for request in batch:  # image sizes differ between requests
             params = request.params
-            video = image_to_video_input(
-                request.tensors.pop(INPUT_REFERENCE), params["width"], params["height"]
-            )
+            if INPUT_REFERENCE not in request.tensors:
+                raise ValueError(
+                    f"request {request.request_id}: image-to-video needs an '{INPUT_REFERENCE}' image"
+                )
+            image = request.tensors.pop(INPUT_REFERENCE)
+            video = image_to_video_input(image, params["width"], params["height"])
             latents = self.vae.encode(video.to(self.device, self.dtype)).float()
             request.tensors[IMAGE_LATENTS] = normalize_latents(latents, self.vae.config)[0]
 
