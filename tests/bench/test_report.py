@@ -84,10 +84,10 @@ def serve_result() -> dict:
 def test_step_table_reads_as_ratio_and_roofline():
     markdown = result_markdown(step_result())
     assert (
-        "| wan-480p-cfg | 7020 | mstar deterministic / fa3 | 100.00 | 500 | 0.90 | 1.75x | 1.2e-02 |"
+        "| wan-480p-cfg | 7020 | 72.00 | 95.10 | mstar deterministic / fa3 | 100.00 | 500 | 0.90 | 1.75x | 1.2e-02 | - |"
         in markdown
     )
-    assert "| wan-480p-cfg | 7020 | diffusers eager | 175.00 |" in markdown
+    assert "| wan-480p-cfg | 7020 | 72.00 | 95.10 | diffusers eager | 175.00 |" in markdown
     assert "- a note" in markdown
 
 
