@@ -47,6 +47,17 @@ class ChunkDecoder(Protocol):
     def modules(self) -> Any: ...
 
 
+def chunk_bounds(num_latent_frames: int, chunk_latent_frames: int = 1) -> list[tuple[int, int]]:
+    """Latent frame ranges decoded per step: frame 0 alone (it decodes to one frame), then chunks.
+
+    Every causal layer is exact over any split of the later frames, so chunk_latent_frames > 1
+    gives the same video (up to float summation order) with fewer, larger steps; a last shorter
+    chunk is one more compiled graph.
+    """
+    later = range(1, num_latent_frames, chunk_latent_frames)
+    return [(0, 1)] + [(start, min(start + chunk_latent_frames, num_latent_frames)) for start in later]
+
+
 def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
     """Video [B, 3, F, H, W] in [-1, 1] -> uint8 [B, F, H, W, 3] on the same device."""
     import torch
@@ -76,6 +87,8 @@ class VaeDecodeRunner:
         frames = runner.decode_uint8(latents)   # [48, F', H', W'] or [1, 48, ...] -> uint8 [F, H, W, 3]
         frames_cpu = frames.cpu().numpy()
 
+    `chunk_latent_frames`: latent frames per step after the first (1 = diffusers' schedule; larger
+    keeps the GPU busier in the low-resolution stages at the cost of activation memory).
     `compile_backend` replaces inductor (e.g. "eager" in CPU tests of the compile plumbing).
     """
 
@@ -86,11 +99,15 @@ class VaeDecodeRunner:
         channels_last: bool = True,
         compile_backend: str | None = None,
         dynamic: bool = False,
+        chunk_latent_frames: int = 1,
     ):
         from mstar.engine.compile import effective_mode
 
         self.decoder = decoder
         self.channels_last = channels_last
+        if chunk_latent_frames < 1:
+            raise ValueError(f"chunk_latent_frames must be >= 1, got {chunk_latent_frames}")
+        self.chunk_latent_frames = chunk_latent_frames
         first_param = next(iter(decoder.parameters()))
         self.device = first_param.device
         self.dtype = first_param.dtype
@@ -175,8 +192,8 @@ class VaeDecodeRunner:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
         tails = None
-        for index in range(x.shape[2]):
-            output, tails = step(x[:, :, index : index + 1], tails)
+        for start, stop in chunk_bounds(x.shape[2], self.chunk_latent_frames):
+            output, tails = step(x[:, :, start:stop], tails)
             yield output
 
     def _step_video(self, x: torch.Tensor, tails: list[torch.Tensor] | None):

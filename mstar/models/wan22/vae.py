@@ -63,10 +63,11 @@ class _LatentDecoding:
     def decode_chunk(
         self, x: torch.Tensor, previous_tails: list[torch.Tensor] | None
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """One latent frame after post_quant_conv, x [B, z, 1, h, w] -> (frames, tails).
+        """Latent frames after post_quant_conv, x [B, z, n, h, w] -> (frames, tails).
 
-        frames: [B, out_channels, f, h*s/p, w*s/p], still patchified; f = 1 for the first chunk
-        (previous_tails None), 4 afterwards. Pass the returned tails to the next chunk.
+        frames: [B, out_channels, f, h*s/p, w*s/p], still patchified. The first chunk
+        (previous_tails None) must be the single first latent frame and gives f = 1; later chunks
+        give f = 4n. Pass the returned tails to the next chunk.
         """
         cache = FrameCache(previous_tails)
         frames = self.decoder(x, cache)

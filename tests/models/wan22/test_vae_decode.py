@@ -5,7 +5,12 @@ import copy
 import pytest
 import torch
 
-from mstar.diffusion.vae_decode import VaeDecodeRunner, convert_to_channels_last, to_uint8_frames
+from mstar.diffusion.vae_decode import (
+    VaeDecodeRunner,
+    chunk_bounds,
+    convert_to_channels_last,
+    to_uint8_frames,
+)
 from mstar.models.wan22.vae import WanVAEDecoder
 from mstar.models.wan22.vae_config import WanVAEConfig
 
@@ -51,6 +56,20 @@ def test_channels_last_fast_path_equals_plain(decoder, latents):
     # float differences of ~1e-7 may flip a rounding at an exact .5 boundary, nothing more
     assert (frames.int() - expected_frames.int()).abs().max() <= 1
     assert (frames == expected_frames).float().mean() > 0.999
+
+
+def test_multi_frame_chunks_equal_plain(decoder):
+    assert chunk_bounds(5, 3) == [(0, 1), (1, 4), (4, 5)]
+    assert chunk_bounds(1, 4) == [(0, 1)]
+    latents = torch.randn(1, 4, 4, 2, 2, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = decoder.decode(latents)
+    runner = VaeDecodeRunner(copy.deepcopy(decoder), chunk_latent_frames=2)  # chunks 1, 2, 1
+    video = runner.decode_fast_video(latents)
+    assert video.shape == expected.shape == (1, 3, 13, 32, 32)
+    assert _relative_error(video, expected) <= 1e-5
+    with pytest.raises(ValueError, match="chunk_latent_frames"):
+        VaeDecodeRunner(decoder, chunk_latent_frames=0)
 
 
 def test_plain_path_is_the_eager_decode(decoder, latents):
