@@ -107,7 +107,6 @@ class Worker:
             send(self.conductor, m.BootProgress(self.boot.worker, str(label), int(done), int(total)))
 
     def serve(self) -> None:
-        assert self.loop is not None
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         while not self.stopping and self._parent_alive():
