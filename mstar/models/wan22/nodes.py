@@ -126,7 +126,8 @@ def _folder(model_path: str | None, component: str) -> str | None:
 
 
 def _text_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dtype) -> Node:
-    model = build_umt5(config.text_encoder, ctx.device, dtype, folder=_folder(model_path, "text_encoder"))
+    folder = _folder(model_path, "text_encoder")
+    model = build_umt5(config.text_encoder, ctx.device, dtype, folder=folder, progress=ctx.progress)
     tokenizer_dir = None if model_path is None else str(Path(model_path) / "tokenizer")
     tokenizer = load_tokenizer(tokenizer_dir, config.text_encoder["vocab_size"])
     encoder = PromptEncoder(model, tokenizer, ctx.device, config.max_text_tokens)

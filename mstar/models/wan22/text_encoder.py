@@ -41,7 +41,9 @@ def build_umt5(
 
     known = set(UMT5Config().to_dict())
     umt5_config = UMT5Config(**{k: v for k, v in config.items() if k in known})
-    return build_module(lambda: UMT5EncoderModel(umt5_config), device, dtype, folder=folder, seed=seed)
+    return build_module(
+        lambda: UMT5EncoderModel(umt5_config), device, dtype, folder=folder, seed=seed, progress=progress
+    )
 
 
 def load_tokenizer(folder: str | None, vocab_size: int):
