@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from tests.models.zimage.tiny_parts import save_tiny_pipeline
 
@@ -7,7 +6,7 @@ from tests.models.zimage.tiny_parts import save_tiny_pipeline
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
     """(folder, pipeline): the tiny diffusers pipeline written with save_pretrained."""
-    torch.set_num_threads(1)
+    pytest.importorskip("diffusers")  # the parity reference; absent on some GPU hosts
     folder = tmp_path_factory.mktemp("zimage-tiny")
     pipe = save_tiny_pipeline(folder)
     return folder, pipe
