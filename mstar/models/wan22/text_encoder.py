@@ -34,7 +34,12 @@ def uses_guidance(params: dict[str, Any]) -> bool:
 
 
 def build_umt5(
-    config: dict[str, Any], device: str, dtype: torch.dtype, folder: str | None = None, seed: int = 0
+    config: dict[str, Any],
+    device: str,
+    dtype: torch.dtype,
+    folder: str | None = None,
+    seed: int = 0,
+    progress: Any = None,
 ):
     """UMT5EncoderModel from a diffusers text_encoder/ folder, or seeded random weights from `config`."""
     from transformers import UMT5Config, UMT5EncoderModel
