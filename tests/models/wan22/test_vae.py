@@ -111,6 +111,20 @@ def test_real_wan22_config_keys_equal_diffusers():
     assert WAN22_TI2V_5B_VAE_CONFIG.z_dim == len(WAN22_TI2V_5B_VAE_CONFIG.latents_std) == 48
 
 
+def test_real_config_json_parses_to_the_wan22_constant():
+    """Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json (metadata and clip_output included)."""
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(WAN22_TI2V_5B_VAE_CONFIG).items()}
+    raw = {
+        "_class_name": "AutoencoderKLWan",
+        "_diffusers_version": "0.35.0",
+        "attn_scales": [],
+        "dropout": 0.0,
+    }
+    raw.update(fields, clip_output=False)
+    assert WanVAEConfig.from_dict(json.loads(json.dumps(raw))) == WAN22_TI2V_5B_VAE_CONFIG
+    assert WAN22_TI2V_5B_VAE_CONFIG.decoder_dim == 256 and WAN22_TI2V_5B_VAE_CONFIG.patch == 2
+
+
 def test_load_errors_name_the_tensor(saved_vae, tmp_path):
     from safetensors.torch import load_file, save_file
 
