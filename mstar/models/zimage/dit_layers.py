@@ -67,6 +67,11 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+def per_token(values: torch.Tensor, token_item: torch.Tensor) -> torch.Tensor:
+    """Per-item rows [num_items, n] -> per-token rows [T, n]; one item broadcasts as [1, n]."""
+    return values if values.shape[0] == 1 else values[token_item]
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D] with (even, odd) channel pairs as complex numbers; cos/sin [T, D/2] fp32.
     Same arithmetic as diffusers' complex multiply, done in fp32 then cast back."""
@@ -138,8 +143,8 @@ class TransformerBlock(nn.Module):
             return x + self.ffn_norm2(self.feed_forward(self.ffn_norm1(x)))
         mod = self.adaLN_modulation(item_emb)  # [num_items, 4*dim]
         scale_msa, gate_msa, scale_mlp, gate_mlp = mod.chunk(4, dim=1)
-        gate_msa, gate_mlp = gate_msa.tanh()[token_item], gate_mlp.tanh()[token_item]
-        scale_msa, scale_mlp = (1.0 + scale_msa)[token_item], (1.0 + scale_mlp)[token_item]
+        gate_msa, gate_mlp = per_token(gate_msa.tanh(), token_item), per_token(gate_mlp.tanh(), token_item)
+        scale_msa, scale_mlp = per_token(1.0 + scale_msa, token_item), per_token(1.0 + scale_mlp, token_item)
         attn_out = self.attention(self.attention_norm1(x) * scale_msa, rope, attn, label)
         x = x + gate_msa * self.attention_norm2(attn_out)
         return x + gate_mlp * self.ffn_norm2(self.feed_forward(self.ffn_norm1(x) * scale_mlp))
@@ -153,7 +158,7 @@ class FinalLayer(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(min(dim, ADALN_EMBED_DIM), dim, bias=True))
 
     def forward(self, x: torch.Tensor, item_emb: torch.Tensor, token_item: torch.Tensor) -> torch.Tensor:
-        scale = (1.0 + self.adaLN_modulation(item_emb))[token_item]  # [T, dim]
+        scale = per_token(1.0 + self.adaLN_modulation(item_emb), token_item)  # [T, dim] or [1, dim]
         return self.linear(self.norm_final(x) * scale)
 
 
