@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -93,3 +94,27 @@ def test_serve_command_writes_json_and_markdown(tmp_path):
     assert result["options"]["num_inference_steps"] == 2
     assert [run["mode"] for run in result["runs"]] == ["warmup", "closed", "closed"]
     assert "| closed | c=2 | 3 / 3 |" in output.with_suffix(".md").read_text()
+
+
+def test_step_without_diffusers_times_ours_alone(tmp_path, monkeypatch):
+    if not _ours_importable("mstar.models.zimage.dit"):
+        pytest.skip("our Z-Image DiT has not landed")
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # as on the H200 server run: not importable
+    output = tmp_path / "step.json"
+    argv = ["step", "--tiny", "--workloads", "tiny-zimage-c2", "--device", "cpu", "--dtype", "float32"]
+    argv += [
+        "--compile-modes",
+        "off",
+        "--attention-backends",
+        "torch",
+        "--num-warmup",
+        "1",
+        "--num-timed",
+        "1",
+    ]
+    assert main([*argv, "-o", str(output)]) == 0
+    result = json.loads(output.read_text())
+    (entry,) = result["results"]
+    (run,) = entry["runs"]
+    assert run["impl"] == "mstar" and run["rel_error"] is None and run["median_ms"] > 0
+    assert any("diffusers is not importable" in note for note in result["notes"])
