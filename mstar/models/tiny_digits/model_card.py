@@ -114,7 +114,7 @@ templates ("7", "seven", "a handwritten 7", "the digit seven", "number 7", "a dr
 ## Training
 Rectified flow (x_s = (1 - s) x0 + s noise, target noise - x0, logit-normal s), AdamW lr
 {settings.learning_rate} (warm-up, cosine), batch {settings.batch_size}, {settings.num_steps} steps, seed {settings.seed}, EMA
-of the weights; one CPU thread: {result.train_time_s / 60:.1f} min. Reproduce with
+of the weights; one CPU thread (`torch.set_num_threads(1)`): {result.train_time_s / 60:.1f} min wall-clock. Reproduce with
 `python -m mstar.models.tiny_digits.train`.
 
 Loss: `{sparkline(losses)}` ({losses[0]:.3f} -> {losses[-1]:.3f})
@@ -131,4 +131,7 @@ area-averaged back to 8x8) recognised as the requested digit:
 | steps | guidance | recognised |
 |---|---|---|
 {accuracy_rows}
+
+Sample sheet (`python -m mstar.models.tiny_digits.sheet`, 20 steps, guidance 3.5, seeds 0 and 1):
+`docs/tiny_digits_sheet.png`.
 """
