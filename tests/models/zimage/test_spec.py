@@ -73,3 +73,16 @@ def test_importing_the_spec_does_not_import_torch():
     code = "import sys, mstar.models.zimage.model as m; m.ZImageSpec(); print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_limits_agree_with_validation():
+    spec = ZImageSpec()
+    limits = spec.limits()
+    params = spec.validate(GenerationParams(prompt="x", seed=1))
+    for field in ("width", "height", "num_inference_steps", "guidance_scale"):
+        assert params[field] == limits[field]["default"]
+    largest = limits["pixels"]["max"]
+    side = int(largest**0.5)
+    assert spec.validate(GenerationParams(prompt="x", width=side, height=side))["width"] == side
+    with pytest.raises(InvalidParam):
+        spec.validate(GenerationParams(prompt="x", width=side + 16, height=side))
