@@ -7,7 +7,8 @@
 # while the machine is held, so later phases only bring what is new). Prepare .whl/ locally first:
 #
 #  1. baseline: diffusers pipelines end to end, eager + compiled (Wan 480p, Z-Image)    ~7 min
-#     local : ../shared/tools/device-wheels.sh baseline $SERVER_DEPS         (diffusers, PyAV, server deps)
+#     local : ../shared/tools/device-wheels.sh baseline $(bash bench/h200.sh server-deps)
+#             (diffusers, PyAV, and the server's pure-Python deps pinned to .venv's versions)
 #     device: bash bench/h200.sh baseline
 #  2. step-wan: Wan2.2 DiT ms/step, ours (off, deterministic; fa3) vs diffusers, same weights ~6 min
 #     local : ../shared/tools/device-wheels.sh engine && rm -f .whl/av-*.whl     (fa3-fwd only)
@@ -21,11 +22,10 @@
 #     device: bash bench/h200.sh serve-zimage
 #  6. baseline-720p (optional): WanPipeline 1280x704x121 eager, 1 timed call             ~5 min
 #     device: bash bench/h200.sh baseline-720p
-# where SERVER_DEPS="fastapi starlette uvicorn h11 msgspec pyzmq python-multipart prometheus-client
-#   pydantic pydantic-core annotated-types typing-inspection anyio sniffio httpx httpcore"
-# (the H200 lacks the server's pure-Python deps; each phase first lists what it misses and stops).
-# On a fresh machine a phase needs its own wheels again: step-* `engine` (+ diffusers==0.42.1
-# importlib_metadata, less av), serve-* `engine` + $SERVER_DEPS.
+# The H200 lacks the server's deps (fastapi, uvicorn, msgspec, pyzmq, ...); `server-deps` prints them
+# pinned to the local .venv (a consistent pydantic/pydantic-core pair). Each phase first lists what
+# it misses and stops. On a fresh machine a phase needs its wheels again: step-* `engine` plus
+# diffusers==0.42.1 importlib_metadata, less av; serve-* `engine` plus $(bash bench/h200.sh server-deps).
 #
 # Then locally, with the files each run brought back (files_at of each run):
 #   .venv/bin/mstar bench report <files_at>/bench ... --command "bash bench/h200.sh <phase>" ...
@@ -35,7 +35,11 @@
 # DIFFUSERS_MODES (eager), NUM_REQUESTS (serve, per level), CONCURRENCY, REQUEST_RATES, STEPS.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny}"
+phase="${1:?usage: bash bench/h200.sh baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+if [ "$phase" = server-deps ]; then  # local: the server's requirements pinned as .venv has them
+  .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi)==' | tr '\n' ' '
+  exit 0
+fi
 out="${OUT:-$PWD/bench-results}/bench"
 mkdir -p "$out"
 
