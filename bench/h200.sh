@@ -37,7 +37,7 @@ set -uo pipefail
 
 phase="${1:?usage: bash bench/h200.sh baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = server-deps ]; then  # local: the server's requirements pinned as .venv has them
-  .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi)==' | tr '\n' ' '
+  .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click)==' | tr '\n' ' '
   exit 0
 fi
 out="${OUT:-$PWD/bench-results}/bench"
@@ -76,7 +76,7 @@ step_phase() {  # step_phase FAMILY WORKLOADS
 ready() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
 
 serve_phase() {  # serve_phase MODEL WORKLOAD COMPILE_SIZE CONCURRENCY NUM_REQUESTS [SERVER FLAG...]
-  require fastapi uvicorn msgspec zmq httpx av
+  require fastapi uvicorn msgspec zmq httpx av pydantic multipart prometheus_client yaml click
   local model=$1 workload=$2 size=$3 concurrency=$4 num_requests=$5
   shift 5
   local port=8765 log="$out/server-$workload.log"
