@@ -76,7 +76,7 @@ step_phase() {  # step_phase FAMILY WORKLOADS
 ready() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
 
 serve_phase() {  # serve_phase MODEL WORKLOAD COMPILE_SIZE CONCURRENCY NUM_REQUESTS [SERVER FLAG...]
-  require fastapi uvicorn msgspec zmq httpx av pydantic multipart prometheus_client yaml click
+  require fastapi uvicorn msgspec zmq httpx av pydantic python_multipart prometheus_client yaml click
   local model=$1 workload=$2 size=$3 concurrency=$4 num_requests=$5
   shift 5
   local port=8765 log="$out/server-$workload.log"

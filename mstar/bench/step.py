@@ -188,6 +188,9 @@ def _run_ours(
             except OursUnavailable as error:
                 notes.append(f"{family}: {label} not run: {error}")
                 continue
+            except Exception as error:  # e.g. a state-dict key mismatch: the diffusers figures still count
+                notes.append(f"{family}: {label} failed to build: {type(error).__name__}: {error}")
+                continue
             for case in cases:
                 _run_ours_case(forward, case, options, notes, label, mode=mode, attention_backend=backend)
             del forward
