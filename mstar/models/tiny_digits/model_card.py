@@ -49,12 +49,12 @@ def sparkline(values: list[float]) -> str:
 
 
 def evaluate_and_write_card(weights_dir: Path, settings, result, num_train_images: int) -> None:
-    from mstar.models.tiny_digits.offline import build_cpu_nodes
+    from mstar.models.tiny_digits.offline import build_local_nodes
 
     train_split, held_out = data.load_splits()
     classifier = data.train_classifier(train_split)
     classifier_accuracy = float((data.classify(classifier, held_out.images_8px) == held_out.labels).mean())
-    nodes = build_cpu_nodes(weights_dir)
+    nodes = build_local_nodes(weights_dir)
     accuracies = {
         (steps, guidance): generated_accuracy(nodes, classifier, NUM_EVAL_SEEDS, steps, guidance)
         for steps, guidance in EVAL_SETTINGS

@@ -17,6 +17,7 @@ from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart
 from mstar.diffusion.noise import seeded_noise
 from mstar.diffusion.samplers import FlowMatchEulerSampler, linear_sigmas
 from mstar.graph import BuildContext, Node, RequestState
+from mstar.models.checkpoint import default_dtype
 from mstar.models.tiny_digits.config import (
     CONFIG_FILE,
     DIT_FILE,
@@ -91,23 +92,27 @@ class DecoderNode(Node):
         return paper.unsqueeze(-1).expand(-1, -1, -1, 3).contiguous()  # [F=1, out, out, 3]
 
 
-def model_dtype(config_dtype: str, device: torch.device) -> torch.dtype:
-    """float32 unless the config names another dtype (the model is tiny; bf16 buys nothing)."""
-    if config_dtype == "auto":
-        return torch.float32
-    return getattr(torch, config_dtype)
-
-
-def load_module(module: torch.nn.Module, path: Path | None, device: torch.device, dtype: torch.dtype):
+def load_module(
+    module: torch.nn.Module,
+    path: Path | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    keep_fp32: tuple[str, ...] = (),
+) -> torch.nn.Module:
     """Load safetensors straight to the device (a missing or unexpected tensor is an error);
-    path None keeps the module's (seeded) random initialisation (--random-weights)."""
+    path None keeps the module's (seeded) random initialisation (--random-weights). Tensors whose
+    names contain a `keep_fp32` pattern stay float32, as the checkpoint loader keeps them."""
     from safetensors.torch import load_file
 
     module.to(device=device, dtype=dtype)
-    if path is not None:
-        state = load_file(str(path), device=str(device))
-        module.load_state_dict({name: t.to(dtype) for name, t in state.items()}, strict=True)
+    state = module.state_dict() if path is None else load_file(str(path), device=str(device))
+    typed = {name: t.to(_target_dtype(name, dtype, keep_fp32)) for name, t in state.items()}
+    module.load_state_dict(typed, strict=True, assign=True)
     return module.eval().requires_grad_(False)
+
+
+def _target_dtype(name: str, dtype: torch.dtype, keep_fp32: tuple[str, ...]) -> torch.dtype:
+    return torch.float32 if any(pattern in name for pattern in keep_fp32) else dtype
 
 
 def build_digits_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> dict[str, Node]:
@@ -117,7 +122,7 @@ def build_digits_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> di
     weights_dir = Path(ctx.model_path) if ctx.model_path else weights_dir
     config = TinyDigitsConfig.load(weights_dir / CONFIG_FILE)
     device = torch.device(ctx.device)
-    dtype = model_dtype(ctx.config.dtype, device)
+    dtype = default_dtype(device, ctx.config.dtype)  # bf16 on GPU (the big models' kernels), fp32 on CPU
 
     def weights(file_name: str) -> Path | None:
         return None if ctx.random_weights else weights_dir / file_name
@@ -131,7 +136,8 @@ def build_digits_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> di
         nodes["text_encoder"] = TextEncoderNode(encoder, tokenizer, device)
     if "dit" in ctx.node_names:
         resources = build_engine_resources(ctx.config, device, dtype)
-        dit = load_module(WanDiT(WanDiTConfig.from_dict(config.dit)), weights(DIT_FILE), device, dtype)
+        dit = WanDiT(WanDiTConfig.from_dict(config.dit))
+        dit = load_module(dit, weights(DIT_FILE), device, dtype, keep_fp32=WanDiT.fp32_param_patterns)
         nodes["dit"] = make_denoise_node(config, dit, resources.attention, device)
     if "decoder" in ctx.node_names:
         nodes["decoder"] = DecoderNode(config.output_size)

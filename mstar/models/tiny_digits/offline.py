@@ -15,12 +15,13 @@ from mstar.models.tiny_digits.config import WEIGHTS_DIR
 from mstar.models.tiny_digits.model import TinyDigitsSpec
 
 
-def build_cpu_nodes(weights_dir: Path = WEIGHTS_DIR) -> dict[str, Node]:
+def build_local_nodes(device: str = "cpu", weights_dir: Path = WEIGHTS_DIR) -> dict[str, Node]:
+    """Every node in this process on `device`, with the default config (auto attention and dtype)."""
     from mstar.config import ServerConfig
     from mstar.models.tiny_digits.nodes import build_digits_nodes
 
     spec = TinyDigitsSpec()
-    ctx = BuildContext(config=ServerConfig(device="cpu"), device="cpu", node_names=spec.node_names)
+    ctx = BuildContext(config=ServerConfig(device=device), device=device, node_names=spec.node_names)
     return build_digits_nodes(ctx, weights_dir)
 
 

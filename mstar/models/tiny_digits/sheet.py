@@ -20,7 +20,7 @@ def render_sheet(output: Path, num_rows: int = 2, cell_px: int = 64, steps: int 
     import torch
     from PIL import Image
 
-    from mstar.models.tiny_digits.offline import build_cpu_nodes, generate
+    from mstar.models.tiny_digits.offline import build_local_nodes, generate
 
     torch.set_num_threads(1)
     requests = [
@@ -28,7 +28,7 @@ def render_sheet(output: Path, num_rows: int = 2, cell_px: int = 64, steps: int 
         for row in range(num_rows)
         for digit in range(10)
     ]
-    frames = generate(build_cpu_nodes(), requests)  # uint8 [1, 256, 256, 3] each
+    frames = generate(build_local_nodes(), requests)  # uint8 [1, 256, 256, 3] each
     cells = [Image.fromarray(f[0]).resize((cell_px, cell_px), Image.Resampling.BILINEAR) for f in frames]
     rows = [
         np.concatenate([np.asarray(c) for c in cells[r * 10 : (r + 1) * 10]], axis=1) for r in range(num_rows)
