@@ -128,6 +128,16 @@ def _timed_run(fn: Callable[[], Any], options: StepOptions, count: flops.FlopCou
     return _with_roofline(run, count)
 
 
+def _guarded(notes: list[str], label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn's result, or None with a note when it fails (an OOM on one shape loses only that figure)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as error:
+        notes.append(f"{label} failed: {type(error).__name__}: {error}")
+        _free_memory()
+        return None
+
+
 def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: StepOptions, notes: list[str]):
     """Times diffusers' transformer on every case in each mode; keeps its eager outputs as the
     references and returns its state dict (the weights ours gets)."""
@@ -144,7 +154,14 @@ def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: Step
     )
     with torch.inference_mode():
         for case in cases:
-            case.reference = dit_inputs.diffusers_forward(family, model, case.items)
+            case.reference = _guarded(
+                notes,
+                f"{case.workload.name}: diffusers reference",
+                dit_inputs.diffusers_forward,
+                family,
+                model,
+                case.items,
+            )
         for mode in options.diffusers_modes:
             target = torch.compile(model) if mode == "compiled" else model
             for case in cases:
@@ -152,9 +169,18 @@ def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: Step
                 def forward(target=target, case=case) -> list:
                     return dit_inputs.diffusers_forward(family, target, case.items)
 
-                case.entry["runs"].append(
-                    _timed_run(forward, options, case.count, impl="diffusers", mode=mode)
+                run = _guarded(
+                    notes,
+                    f"{case.workload.name}: diffusers {mode}",
+                    _timed_run,
+                    forward,
+                    options,
+                    case.count,
+                    impl="diffusers",
+                    mode=mode,
                 )
+                if run is not None:
+                    case.entry["runs"].append(run)
     state_dict = {k: v.detach() for k, v in model.state_dict().items()}
     del model
     _free_memory()
