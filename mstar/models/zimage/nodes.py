@@ -47,12 +47,22 @@ def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, No
     config = load_configs(model_path, default_config)
     server = ctx.config
     dtype = default_dtype(ctx.device, server.dtype)
-    builders = {"text_encoder": _text_node, "dit": _dit_node, "vae_decoder": _vae_node}
+    attn = None
+    if "dit" in ctx.node_names:
+        from mstar.engine.resources import build_engine_resources
+
+        # Workspace and attention backend before any weights take memory; boot fails fast on a bad backend.
+        attn = build_engine_resources(server, ctx.device, dtype).attention
     nodes: dict[str, Node] = {}
     for index, name in enumerate(ctx.node_names):
         if ctx.progress is not None:
             ctx.progress(f"load {name}", index, len(ctx.node_names))
-        nodes[name] = builders[name](config, ctx, model_path, dtype)
+        if name == "text_encoder":
+            nodes[name] = _text_node(config, ctx, model_path, dtype)
+        elif name == "dit":
+            nodes[name] = _dit_node(config, ctx, model_path, dtype, attn)
+        else:
+            nodes[name] = _vae_node(config, ctx, model_path, dtype)
     return nodes
 
 
@@ -75,18 +85,13 @@ def load_tokenizer(model_path: str | None, config: ZImageConfig):
     return FallbackTokenizer(config.text_encoder["vocab_size"], config.max_sequence_length, add_eos=False)
 
 
-def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
-    from mstar.engine.attention import build_attention
+def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype, attn) -> Node:
     from mstar.engine.compile import effective_mode
 
     server = ctx.config
     dit = build_dit(config.dit, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
     mode = effective_mode(server.compile_mode, ctx.device)
     dit.compile_layers(mode)
-    attn = build_attention(
-        backend=server.attention_backend, device=ctx.device, dtype=dtype,
-        flashinfer_backend=server.flashinfer_backend, workspace_mb=server.workspace_mb,
-    )  # fmt: skip
     sizes = warmup_sizes(server.compile_sizes) if server.warmup and mode != "off" else []
     return ZImageDenoiseNode(
         "dit", ZImageDenoiser(dit, attn, ctx.device), ZImageHooks(config, ctx.device), sizes,
