@@ -13,6 +13,8 @@ from dataclasses import dataclass
 # Measured on the H200 (see /work/shared/H200.md): bf16 GEMM at DiT shapes and fa3 varlen attention.
 GEMM_CEILING_FLOPS = 780e12
 ATTENTION_CEILING_FLOPS = 660e12
+ZIMAGE_ADALN_DIM = 256  # diffusers' ADALN_EMBED_DIM
+ZIMAGE_TIMESTEP_MID = 1024
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,16 @@ def _zimage_segment(arch: DitArch, segment: Segment) -> FlopCount:
         + gemm_flops(text, dim, arch.text_dim)
         + gemm_flops(image + text, arch.out_patch_features, dim)
     )
-    gemm = refiners.gemm * arch.num_refiner_layers + main.gemm * arch.num_layers + embed
+    # Per item, not per token: timestep MLP (freq -> 1024 -> adaLN width), each modulated block's
+    # 4-way modulation (noise refiners and main layers) and the final layer's scale.
+    adaln = min(dim, ZIMAGE_ADALN_DIM)
+    conditioning = (
+        gemm_flops(1, ZIMAGE_TIMESTEP_MID, arch.freq_dim)
+        + gemm_flops(1, adaln, ZIMAGE_TIMESTEP_MID)
+        + (arch.num_refiner_layers + arch.num_layers) * gemm_flops(1, 4 * dim, adaln)
+        + gemm_flops(1, dim, adaln)
+    )
+    gemm = refiners.gemm * arch.num_refiner_layers + main.gemm * arch.num_layers + embed + conditioning
     attention = refiners.attention * arch.num_refiner_layers + main.attention * arch.num_layers
     return FlopCount(gemm, attention)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mstar.bench import flops
-from mstar.bench.configs import WAN22_TI2V_5B_TRANSFORMER, ZIMAGE_TURBO_TRANSFORMER
+from mstar.bench import dit_inputs, flops
+from mstar.bench.configs import WAN22_TI2V_5B_TRANSFORMER, ZIMAGE_TURBO_TRANSFORMER, configs_for
 
 SMALL_WAN = {
     "patch_size": [1, 2, 2],
@@ -70,6 +70,9 @@ def test_zimage_refiners_and_swiglu_by_hand():
 
     gemm = block(image)[0] + block(text)[0] + block(image + text)[0]
     gemm += 2 * image * 4 * 8 + 2 * text * 4 * 8 + 2 * (image + text) * 8 * 4  # x/cap embed, final
+    # per item: timestep MLP 256 -> 1024 -> 8 (adaLN width = min(dim, 256)), 4-way modulation of the
+    # refiner and the main layer (8 -> 32), final scale (8 -> 8)
+    gemm += 2 * 256 * 1024 + 2 * 1024 * 8 + 2 * (2 * 8 * 32) + 2 * 8 * 8
     attention = block(image)[1] + block(text)[1] + block(image + text)[1]
     count = flops.count_forward(arch, [flops.Segment(image, text)])
     assert (count.gemm, count.attention) == (gemm, attention)
@@ -86,3 +89,35 @@ def test_real_shapes_and_roofline():
     assert 2 * 4.3e9 * 3510 < wan.gemm < 2 * 4.6e9 * 3510
     count = flops.FlopCount(gemm=780e12, attention=660e12)
     assert count.roofline_s() == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("workload_name", ["tiny-wan-cfg", "tiny-zimage-c2"])
+def test_gemm_count_equals_torch_flop_counter_on_diffusers_models(workload_name):
+    """torch's FlopCounterMode over diffusers' own transformer counts every matmul it runs."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    workload = dit_inputs.STEP_WORKLOADS[workload_name]
+    configs = configs_for(workload.family, tiny=True)
+    model = dit_inputs.build_diffusers_transformer(
+        workload.family, configs["transformer"], "cpu", torch.float32, 0
+    )
+    items = dit_inputs.make_items(workload, configs, "cpu", torch.float32, 0)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        if workload.family == "wan":  # one timestep per item: the minimal work our count assumes
+            latents = torch.stack([item["latents"] for item in items])
+            texts = torch.stack([item["text"] for item in items])
+            model(
+                hidden_states=latents, timestep=torch.full((len(items),), 500.0), encoder_hidden_states=texts
+            )
+        else:
+            dit_inputs.diffusers_forward(workload.family, model, items)
+    gemm_ops = {"convolution", "addmm", "mm"}  # linear layers and the patch conv; attention apart
+    torch_gemm = sum(
+        v for op, v in counter.get_flop_counts()["Global"].items() if str(op).split(".")[1] in gemm_ops
+    )
+    count = flops.count_forward(
+        dit_inputs.arch(workload.family, configs["transformer"]), dit_inputs.segments(workload, configs)
+    )
+    assert count.gemm == torch_gemm
