@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-NUM_TRAIN_TIMESTEPS = 1000
+from mstar.diffusion.samplers import NUM_TRAIN_TIMESTEPS
 
 
 def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
