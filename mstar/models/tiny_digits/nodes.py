@@ -127,7 +127,8 @@ def build_digits_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> di
     def weights(file_name: str) -> Path | None:
         return None if ctx.random_weights else weights_dir / file_name
 
-    torch.manual_seed(0)  # only matters for --random-weights: the same random model in every worker
+    if ctx.random_weights:
+        torch.manual_seed(0)  # the same random model in every worker
     nodes: dict[str, Node] = {}
     if "text_encoder" in ctx.node_names:
         tokenizer = WordTokenizer.load(weights_dir / VOCAB_FILE, config.max_text_tokens)
