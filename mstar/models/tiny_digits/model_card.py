@@ -111,6 +111,15 @@ templates ("7", "seven", "a handwritten 7", "the digit seven", "number 7", "a dr
 - Sampling: flow-match Euler (`FlowMatchEulerSampler`, linear sigmas, shift {config["sampler_shift"]}),
   defaults {config["default_steps"]} steps, guidance {config["default_guidance_scale"]}.
 
+## Serving
+`mstar serve` serves it by default (CPU is fine; it boots in seconds). `mstar generate tiny-digits
+--prompt "a handwritten 7" -o seven.png`. Limits: size 256x256 only (others are refused naming
+`size`), 1-100 steps, guidance 0-20 (above 1 runs the "" prompt, or `negative_prompt`, as the
+unconditional side), seeds 0 to 2^63-1 (none: a random one). `--model-path DIR` loads a folder laid out like `weights/`
+(config.json, vocab.json, transformer.safetensors, text_encoder.safetensors). Same request, seed and
+batch company give the same bytes; in other company a CPU GEMM may round differently (at most 1/255
+on a few pixels).
+
 ## Training
 Rectified flow (x_s = (1 - s) x0 + s noise, target noise - x0, logit-normal s), AdamW lr
 {settings.learning_rate} (warm-up, cosine), batch {settings.batch_size}, {settings.num_steps} steps, seed {settings.seed}, EMA
