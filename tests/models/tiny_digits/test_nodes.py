@@ -94,3 +94,25 @@ def test_guidance_doubles_the_step_cost(trained_dir):
     assert dit.step_cost(guided) == 2 * tokens_per_image
     assert dit.step_cost(plain) == tokens_per_image
     assert dit.batch_key(guided) == dit.batch_key(plain)
+
+
+def test_shipped_dit_is_a_diffusers_wan_transformer():
+    """The shipped weights load strictly into diffusers' WanTransformer3DModel and predict the same."""
+    diffusers = pytest.importorskip("diffusers")
+    from mstar.models.tiny_digits.config import WEIGHTS_DIR
+    from mstar.models.tiny_digits.offline import build_local_nodes
+    from mstar.models.wan22.dit import DiTInput
+
+    config = TinyDigitsConfig.load(WEIGHTS_DIR / "config.json")
+    reference = diffusers.WanTransformer3DModel(
+        **{**config.dit, "patch_size": tuple(config.dit["patch_size"])}
+    )
+    reference.load_state_dict(load_file(str(WEIGHTS_DIR / DIT_FILE)), strict=True)
+    ours = build_local_nodes()["dit"].denoiser
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(1, 1, 16, 16, generator=generator)  # [C, F, H, W]
+    text = torch.randn(3, config.text_dim, generator=generator)
+    with torch.no_grad():
+        expected = reference(latents[None], torch.tensor([700.0]), text[None], return_dict=False)[0][0]
+        actual = ours.dit([DiTInput(latents, 700.0, text)], ours.attention)[0]
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
