@@ -94,7 +94,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(to_api_error(error))
 
     async def handle_http(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+        code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
         return error_response(ApiError(error.status_code, str(error.detail), code=code))
 
     for error_type in (

@@ -7,9 +7,9 @@ OpenAI fields we accept but do not use are listed so the official client's paylo
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from mstar.errors import InvalidParam
 from mstar.graph import GenerationParams
@@ -18,6 +18,17 @@ SIZE_PATTERN = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 MAX_PROMPT_CHARS = 100_000  # a coarse guard; the model's token limit is checked by spec.validate
 MAX_SEED = 2**63 - 1
 MAX_N = 10
+
+
+def _reject_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true as 1; a boolean where a number belongs is a client bug.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_reject_bool)]
+Float = Annotated[float, BeforeValidator(_reject_bool)]
 
 
 def parse_size(size: str | None) -> tuple[int | None, int | None]:
@@ -52,9 +63,9 @@ class _GenerationFields(BaseModel):
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     model: str | None = None
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
-    num_inference_steps: int | None = Field(None, ge=1, le=1000)
-    guidance_scale: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    num_inference_steps: Int | None = Field(None, ge=1, le=1000)
+    guidance_scale: Float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    seed: Int | None = Field(None, ge=0, le=MAX_SEED)
     user: str | None = None  # OpenAI field, accepted and unused
 
     @field_validator("prompt")
@@ -68,11 +79,11 @@ class _GenerationFields(BaseModel):
 class ImageGenerationRequest(_GenerationFields):
     """POST /v1/images/generations."""
 
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: Int = Field(1, ge=1, le=MAX_N)
     size: str | None = None
     response_format: Literal["b64_json", "url"] | None = None
     output_format: Literal["png", "jpeg", "webp"] | None = None
-    output_compression: int | None = Field(None, ge=0, le=100)
+    output_compression: Int | None = Field(None, ge=0, le=100)
     # OpenAI fields accepted for compatibility; they do not change the output.
     quality: str | None = None
     style: str | None = None
@@ -97,8 +108,8 @@ class VideoCreateRequest(_GenerationFields):
 
     size: str | None = None
     seconds: str | None = None
-    fps: int | None = Field(None, ge=1, le=240)
-    num_frames: int | None = Field(None, ge=1, le=100_000)
+    fps: Int | None = Field(None, ge=1, le=240)
+    num_frames: Int | None = Field(None, ge=1, le=100_000)
     input_reference: Any = None
 
     @field_validator("seconds", mode="before")
@@ -129,9 +140,9 @@ class VideoCreateRequest(_GenerationFields):
 class NativeGenerateRequest(VideoCreateRequest):
     """POST /generate: every field, any model kind; `input_reference` is a base64 image or data URL."""
 
-    n: int = Field(1, ge=1, le=MAX_N)
-    width: int | None = Field(None, ge=1, le=100_000)
-    height: int | None = Field(None, ge=1, le=100_000)
+    n: Int = Field(1, ge=1, le=MAX_N)
+    width: Int | None = Field(None, ge=1, le=100_000)
+    height: Int | None = Field(None, ge=1, le=100_000)
     output_format: Literal["png", "jpeg", "webp"] | None = None
 
     def native_params(self, seed: int | None, has_input_reference: bool) -> GenerationParams:
