@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Any
 
 from fastapi import Request
@@ -16,6 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mstar.api.errors import ApiError, error_response
 
 GUARDED_PREFIXES = ("/v1/", "/generate")
+# The openai client sends nested form values as `field[key]` (e.g. input_reference[image_url]).
+NESTED_FORM_KEY = re.compile(r"^(\w+)\[(\w+)\]$")
 MAX_FORM_FIELDS = 64
 
 
@@ -103,12 +106,28 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
 
+def _nest_form_fields(items: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for key, value in items:
+        match = NESTED_FORM_KEY.match(key)
+        if match is None:
+            fields[key] = value
+            continue
+        parent = fields.setdefault(match.group(1), {})
+        if not isinstance(parent, dict):
+            raise ApiError(
+                400, f"{match.group(1)}: sent both as a value and as an object", param=match.group(1)
+            )
+        parent[match.group(2)] = value
+    return fields
+
+
 async def read_fields(request: Request) -> dict[str, Any]:
     """The body as a dict of fields: JSON object, multipart or url-encoded form (uploads stay files)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
-        return dict(form.items())
+        return _nest_form_fields(form.items())
     if content_type not in ("", "application/json"):
         raise ApiError(
             415,

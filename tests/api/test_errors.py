@@ -360,3 +360,21 @@ def test_reference_image_reaches_runtime_as_uint8(video_server):
     reference = inputs["input_reference"]
     assert reference.dtype.name == "uint8" and reference.shape == (32, 48, 3)
     assert tuple(reference[0, 0]) == (200, 10, 10)
+
+
+def test_openai_style_nested_form_reference(video_server):
+    client, runtime = video_server
+    data_url = "data:image/png;base64," + base64.b64encode(_png(16, 16)).decode()
+    fields = {
+        "prompt": "x",
+        "num_frames": "5",
+        "num_inference_steps": "1",
+        "input_reference[image_url]": data_url,
+    }
+    response = client.post("/v1/videos", data=fields, files={"unused": ("", b"", "text/plain")})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "unused"
+    response = client.post(
+        "/v1/videos", data=fields, headers={"content-type": "application/x-www-form-urlencoded"}
+    )
+    assert response.status_code == 200, response.text
+    assert runtime.submitted[-1][1]["input_reference"].shape == (16, 16, 3)
