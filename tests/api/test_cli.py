@@ -116,3 +116,14 @@ def test_bench_dispatches_lazily(monkeypatch):
     monkeypatch.setattr(bench_cli, "main", lambda argv: seen.append(argv) or 7)
     assert cli.main(["bench", "serve", "--url", "http://x"]) == 7
     assert seen == [["serve", "--url", "http://x"]]
+
+
+def test_progress_bars_follow_labels(capsys):
+    bars = cli.ProgressBars()
+    bars.update("load dit", 1, 3)
+    bars.update("warmup", 0, 2)
+    bars.update("load dit", 3, 3)
+    assert list(bars._bars) == ["warmup"], "a finished bar is closed"
+    bars.close()
+    err = capsys.readouterr().err
+    assert "load dit" in err and "3/3" in err and "warmup" in err

@@ -189,3 +189,26 @@ def test_client_that_goes_away_aborts_its_image_requests():
         while len(runtime.aborted) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(runtime.aborted) == 2
+
+
+def test_sdk_reports_failed_jobs_and_sends_reference_uploads():
+    from mstar.api.metrics import PrometheusMetrics
+    from tests.api.fakes import FakeRuntime, FakeVideoSpec
+
+    spec = FakeVideoSpec()
+    metrics = PrometheusMetrics(spec.name)
+    runtime = FakeRuntime(metrics=metrics)
+    app = create_app(ServerConfig(model=spec.name), spec, runtime, metrics=metrics)
+    buffer = io.BytesIO()
+    Image.new("RGB", (24, 16), (5, 6, 7)).save(buffer, format="PNG")
+    with LiveServer(app) as server, Client(server.base_url) as client:
+        mp4 = client.generate_video(
+            "x", num_frames=5, input_reference=buffer.getvalue(), poll_interval_s=0.01
+        )
+        assert decode_mp4(mp4).shape == (5, 32, 32, 3)
+        params, inputs = runtime.submitted[-1]
+        assert params["has_input_reference"] and inputs["input_reference"].shape == (16, 24, 3)
+        runtime.fail_kind = "timeout"
+        with pytest.raises(MstarError) as error:
+            client.generate_video("x", num_frames=5, poll_interval_s=0.01)
+        assert error.value.code == "timeout"
