@@ -79,8 +79,10 @@ async def _stream(
             else:
                 unfinished.discard(index)
                 params = submitted[index].params
-                kind_ = generator.spec.output_kind
-                data, media_type = await asyncio.to_thread(encode_media, value, kind_, params, output_format)
+                output_kind = generator.spec.output_kind
+                data, media_type = await asyncio.to_thread(
+                    encode_media, value, output_kind, params, output_format
+                )
                 num_frames, height, width = value.shape[:3]
                 yield _line(
                     {

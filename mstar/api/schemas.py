@@ -6,6 +6,7 @@ OpenAI fields we accept but do not use are listed so the official client's paylo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Annotated, Any, Literal
 
@@ -149,6 +150,4 @@ class NativeGenerateRequest(VideoCreateRequest):
         params = self.generation_params(has_input_reference)
         width = self.width if self.width is not None else params.width
         height = self.height if self.height is not None else params.height
-        return GenerationParams(
-            **{**params.__dict__, "width": width, "height": height, "seed": seed},
-        )
+        return dataclasses.replace(params, width=width, height=height, seed=seed)

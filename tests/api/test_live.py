@@ -212,3 +212,22 @@ def test_sdk_reports_failed_jobs_and_sends_reference_uploads():
         with pytest.raises(MstarError) as error:
             client.generate_video("x", num_frames=5, poll_interval_s=0.01)
         assert error.value.code == "timeout"
+
+
+def test_native_stream_closed_early_aborts():
+    from mstar.api.metrics import PrometheusMetrics
+    from tests.api.fakes import FakeImageSpec, FakeRuntime
+
+    spec = FakeImageSpec()
+    metrics = PrometheusMetrics(spec.name)
+    runtime = FakeRuntime(metrics=metrics, step_delay_s=0.05)
+    app = create_app(ServerConfig(model=spec.name), spec, runtime, metrics=metrics)
+    with LiveServer(app) as server:
+        body = {"prompt": "x", "num_inference_steps": 50}
+        with httpx.stream("POST", f"{server.base_url}/generate", json=body, timeout=10) as response:
+            first = next(response.iter_lines())
+            assert '"type": "progress"' in first
+        deadline = time.monotonic() + 5
+        while not runtime.aborted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(runtime.aborted) == 1
