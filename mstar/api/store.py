@@ -1,7 +1,7 @@
 """In-process stores: video jobs and generated media served by URL, both expiring after config.job_ttl_s.
 
-Expiry is checked lazily on every access (no background timer to forget or leak); the number of
-finished entries is also capped so a burst of small jobs cannot grow memory without bound.
+Expiry is checked lazily on every access (no background timer to forget or leak); finished entries
+are also capped in number and bytes (oldest dropped first) so a burst of jobs cannot exhaust memory.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from mstar.api.errors import ApiError
 
 MAX_FINISHED_ENTRIES = 1024
+MAX_STORED_BYTES = 2 * 1024**3
 FINISHED = ("completed", "failed")
 
 
@@ -114,9 +115,15 @@ class JobStore:
             del self._jobs[job_id]
 
     def _cap_finished(self) -> None:
-        finished = [job_id for job_id, job in self._jobs.items() if job.status in FINISHED]
-        for job_id in finished[: max(0, len(finished) - MAX_FINISHED_ENTRIES)]:
-            del self._jobs[job_id]
+        finished = [job for job in self._jobs.values() if job.status in FINISHED]  # oldest first
+        num_finished = len(finished)
+        num_bytes = sum(len(job.content or b"") for job in finished)
+        for job in finished:
+            if num_finished <= MAX_FINISHED_ENTRIES and num_bytes <= MAX_STORED_BYTES:
+                break
+            del self._jobs[job.id]
+            num_finished -= 1
+            num_bytes -= len(job.content or b"")
 
 
 @dataclass
@@ -139,8 +146,10 @@ class MediaStore:
         self.purge_expired()
         media_id = secrets.token_urlsafe(24)
         self._items[media_id] = StoredMedia(data, media_type, self.clock() + self.ttl_s)
-        while len(self._items) > MAX_FINISHED_ENTRIES:
-            self._items.popitem(last=False)
+        num_bytes = sum(len(item.data) for item in self._items.values())
+        while len(self._items) > MAX_FINISHED_ENTRIES or num_bytes > MAX_STORED_BYTES:
+            _, dropped = self._items.popitem(last=False)
+            num_bytes -= len(dropped.data)
         return media_id
 
     def get(self, media_id: str) -> StoredMedia:

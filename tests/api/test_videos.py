@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from mstar.api.media import decode_mp4
 from mstar.api.store import JobStore
 from tests.api.conftest import build_client
@@ -141,3 +143,25 @@ def test_job_expires_through_the_api():
         wait_for(client, job["id"])
         time.sleep(0.4)
         assert client.get(f"/v1/videos/{job['id']}").status_code == 404
+
+
+def test_stores_drop_oldest_finished_beyond_their_caps(monkeypatch):
+    from mstar.api import store as store_module
+    from mstar.api.store import MediaStore
+
+    monkeypatch.setattr(store_module, "MAX_STORED_BYTES", 25)
+    jobs = JobStore(ttl_s=60)
+    running = jobs.new_job(model="m", prompt="p", size="", seconds="", request_id="r0")
+    finished = []
+    for index in range(3):
+        job = jobs.new_job(model="m", prompt="p", size="", seconds="", request_id=f"r{index + 1}")
+        job.content = b"x" * 10
+        jobs.finish(job, "completed")
+        finished.append(job)
+    assert [job.id for job in jobs.all()] == [running.id, finished[1].id, finished[2].id]
+    media = MediaStore(ttl_s=60)
+    ids = [media.put(b"y" * 10, "image/png") for _ in range(3)]
+    assert media.get(ids[2]).data == b"y" * 10
+    with pytest.raises(Exception) as error:
+        media.get(ids[0])
+    assert getattr(error.value, "status_code", None) == 404
