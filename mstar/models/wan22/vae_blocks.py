@@ -79,9 +79,18 @@ class RMSNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(dim, *broadcast_dims))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, C, ...]
+        return self._normalize(x, dim=1) * self.scale * self.gamma
+
+    def forward_channels_last_dim(self, x: torch.Tensor) -> torch.Tensor:
+        """The same norm over the last dim: x [..., C] (token layout)."""
+        return self._normalize(x, dim=-1) * self.scale * self.gamma.flatten()
+
+    @staticmethod
+    def _normalize(x: torch.Tensor, dim: int) -> torch.Tensor:
         # Half precision normalises in fp32 like diffusers (the sum of squares overflows/rounds).
         x_norm = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        return F.normalize(x_norm, dim=1).to(x.dtype) * self.scale * self.gamma
+        return F.normalize(x_norm, dim=dim).to(x.dtype)
 
 
 class Upsample2x(nn.Module):
@@ -156,7 +165,16 @@ class ResidualBlock(nn.Module):
 
 
 class AttentionBlock(nn.Module):
-    """Single-head self-attention over the pixels of each frame."""
+    """Single-head self-attention over the pixels of each frame.
+
+    to_qkv and proj are 1x1 Conv2d (diffusers' keys) but run as matmuls on an explicit token
+    layout [B*T, H*W, C]. Why: the 1x1 conv's output memory format follows stride heuristics
+    (suggest_memory_format) that look at the stride of size-1 dims (B*T = 1 per chunk), where
+    torch.compile's fake tensors and the real tensors disagree. The traced graph then believed the
+    qkv tensor was already contiguous, dropped the .contiguous(), and handed SDPA (whose kernel is
+    chosen at trace time from fake strides) differently strided real q/k/v: garbage frames. Matmul
+    outputs are contiguous on every backend, so the compiled graph sees the strides eager does.
+    """
 
     def __init__(self, dim: int):
         super().__init__()
@@ -165,14 +183,16 @@ class AttentionBlock(nn.Module):
         self.proj = nn.Conv2d(dim, dim, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, C, T, H, W]
         identity = x
         b, c, t, h, w = x.shape
-        x = self.norm(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
-        qkv = self.to_qkv(x).reshape(b * t, 1, c * 3, h * w).permute(0, 1, 3, 2).contiguous()
-        q, k, v = qkv.chunk(3, dim=-1)  # each [B*T, 1, H*W, C]
-        x = F.scaled_dot_product_attention(q, k, v)
-        x = x.squeeze(1).permute(0, 2, 1).reshape(b * t, c, h, w)
-        x = self.proj(x).reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+        tokens = x.permute(0, 2, 3, 4, 1).reshape(b * t, h * w, c)
+        tokens = self.norm.forward_channels_last_dim(tokens)
+        qkv = F.linear(tokens, self.to_qkv.weight.flatten(1), self.to_qkv.bias)  # [B*T, H*W, 3C]
+        q, k, v = qkv.unsqueeze(1).chunk(3, dim=-1)  # each [B*T, 1, H*W, C]
+        attended = F.scaled_dot_product_attention(q, k, v).squeeze(1)  # [B*T, H*W, C]
+        x = F.linear(attended, self.proj.weight.flatten(1), self.proj.bias)
+        x = x.reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3)  # [B, C, T, H, W] (channels_last_3d)
         return x + identity
 
 
