@@ -111,7 +111,7 @@ def seeded_frames(params: dict[str, Any]) -> np.ndarray:
     """uint8 [F, H, W, 3]: a smooth per-frame colour ramp that depends on the seed, so tests can tell
     requests apart and lossy codecs (H.264 with 4:2:0 chroma) still round-trip closely."""
     rng = np.random.default_rng(params["seed"])
-    num_frames, height, width = params["num_frames"], params["height"], params["width"]
+    num_frames, height, width = params.get("num_frames", 1), params["height"], params["width"]
     colours = rng.integers(40, 200, size=(num_frames, 1, 1, 3))
     ramp = np.linspace(0, 50, width)[None, None, :, None]
     frames = np.broadcast_to(colours + ramp, (num_frames, height, width, 3))
