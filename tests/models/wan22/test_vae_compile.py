@@ -1,0 +1,98 @@
+"""The compiled VAE fast decode computes what eager does (bf16, channels_last_3d, real AOT tracing).
+
+torch.compile traces with fake tensors; a program whose layout choices depend on strides that
+fake and real tensors disagree on (strides of size-1 dims steer suggest_memory_format, hence a
+conv's output memory format) silently computes garbage once compiled. backend="eager" skips that
+tracing, so these tests use "aot_eager" (functionalised ATen graph, eager kernels, bit-exact) and,
+in the slow tier, inductor with our "deterministic" options.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import mstar.engine.compile as engine_compile
+from mstar.diffusion.vae_decode import VaeDecodeRunner, convert_to_channels_last
+from mstar.models.wan22.vae import WanVAEDecoder
+from mstar.models.wan22.vae_blocks import AttentionBlock
+from tests.models.wan22.test_vae_decode import TINY_WAN22
+
+
+@pytest.fixture(scope="module")
+def decoder_bf16():
+    torch.manual_seed(0)
+    module = WanVAEDecoder(TINY_WAN22).eval().requires_grad_(False)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("gamma"):
+                param.uniform_(0.5, 1.5)
+    return module.to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def clip_latents():
+    return torch.randn(1, 4, 4, 2, 3, generator=torch.Generator().manual_seed(2))  # 13 frames, 32x48
+
+
+def test_attention_block_compiled_equals_eager_bf16_channels_last():
+    """One chunk's frame (T = 1) in channels_last_3d: the case whose fake strides differ."""
+    torch.manual_seed(0)
+    block = AttentionBlock(32)
+    with torch.no_grad():
+        block.norm.gamma.uniform_(0.5, 1.5)
+    block = convert_to_channels_last(block.to(torch.bfloat16).eval())
+    x = torch.randn(1, 32, 1, 6, 10, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        expected = block(x)
+        compiled = torch.compile(block, backend="aot_eager", dynamic=False)(x)
+    assert torch.equal(compiled, expected)
+
+
+def test_attention_block_is_the_conv_formulation():
+    """The matmul form equals diffusers' 1x1-conv form (fp32, plain layout)."""
+    torch.manual_seed(0)
+    block = AttentionBlock(16).eval()
+    with torch.no_grad():
+        block.norm.gamma.uniform_(0.5, 1.5)
+    x = torch.randn(2, 16, 3, 4, 5)
+    with torch.no_grad():
+        b, c, t, h, w = x.shape
+        frames = block.norm(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        q, k, v = block.to_qkv(frames).flatten(2).transpose(1, 2).unsqueeze(1).chunk(3, dim=-1)
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v).squeeze(1)
+        projected = block.proj(attended.transpose(1, 2).reshape(b * t, c, h, w))
+        expected = projected.reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4) + x
+        assert torch.allclose(block(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_fast_path_aot_eager_bf16_channels_last_equals_eager(decoder_bf16, clip_latents):
+    """Chunks of 1 then 2 then 1 latent frames: three compiled graphs, each bit-equal to eager."""
+    eager = VaeDecodeRunner(copy.deepcopy(decoder_bf16), channels_last=True, chunk_latent_frames=2)
+    compiled = VaeDecodeRunner(
+        copy.deepcopy(decoder_bf16), channels_last=True, chunk_latent_frames=2, compile_backend="aot_eager"
+    )
+    torch._dynamo.reset()
+    expected = eager.decode_fast_uint8(clip_latents)
+    assert expected.shape == (13, 32, 48, 3)
+    assert torch.equal(compiled.decode_fast_uint8(clip_latents), expected)
+    assert torch.equal(compiled.decode_fast_uint8(clip_latents), expected)  # steady state, cached graphs
+
+
+@pytest.mark.slow
+def test_fast_path_inductor_deterministic_bf16_matches_eager(decoder_bf16, clip_latents, monkeypatch):
+    """Our CompiledFunction with the "deterministic" inductor options, forced on CPU (~1-2 min).
+
+    Inductor computes in fp32 between bf16 stores, so frames may differ by a few levels, not more.
+    """
+    monkeypatch.setattr(engine_compile, "effective_mode", lambda mode, device: mode)
+    eager = VaeDecodeRunner(copy.deepcopy(decoder_bf16), channels_last=True)
+    compiled = VaeDecodeRunner(copy.deepcopy(decoder_bf16), compile_mode="deterministic", channels_last=True)
+    assert compiled.compile_mode == "deterministic"
+    torch._dynamo.reset()
+    expected = eager.decode_fast_uint8(clip_latents).int()
+    for _ in range(2):
+        frames = compiled.decode_fast_uint8(clip_latents).int()
+        assert (frames - expected).abs().max() <= 8
+        assert (frames - expected).abs().float().mean() < 1.0
