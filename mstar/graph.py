@@ -163,3 +163,9 @@ class ModelSpec(ABC):
 
     @abstractmethod
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]: ...
+
+    def step_tokens(self, params: dict[str, Any]) -> int | None:
+        """The most a validated request can add to one denoise step (tokens times guidance labels),
+        the unit of `max_tokens_per_step`; None when the model has no token-costed loop. The API
+        refuses a request above the cap at validation: no step could ever hold it."""
+        return None

@@ -15,7 +15,7 @@ from typing import Any
 
 from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
 from mstar.api.metrics import PrometheusMetrics
-from mstar.errors import Overloaded, UnknownModel
+from mstar.errors import InvalidParam, Overloaded, UnknownModel
 from mstar.graph import GenerationParams, ModelSpec
 from mstar.runtime.events import Done, Failed, Progress
 
@@ -39,9 +39,35 @@ def failure_error(kind: str, message: str) -> ApiError:
         return ApiError(
             503, "A worker stopped; retry the request.", type="server_error", code="worker_unavailable"
         )
+    if kind == "out_of_memory":
+        return ApiError(
+            503,
+            "The device ran out of memory in this request's step; retry, or use a smaller size.",
+            type="server_error",
+            code="out_of_memory",
+            headers={"Retry-After": "5"},
+        )
     if kind == "aborted":
         return ApiError(503, "The request was aborted.", type="server_error", code="aborted")
     return ApiError(500, GENERIC_INTERNAL_MESSAGE, type="server_error", code="internal_error")
+
+
+def check_step_tokens(spec: ModelSpec, params: dict[str, Any], max_tokens_per_step: int) -> None:
+    """A request larger than one whole step could never be scheduled: refuse it now (400), naming
+    num_frames when the same size at one frame fits, else size."""
+    num_tokens = spec.step_tokens(params)
+    if num_tokens is None or num_tokens <= max_tokens_per_step:
+        return
+    param = "size"
+    num_frames = params.get("num_frames", 1)
+    if num_frames > 1 and (spec.step_tokens({**params, "num_frames": 1}) or 0) <= max_tokens_per_step:
+        param = "num_frames"
+    shape = f"{params.get('width')}x{params.get('height')}" + (f"x{num_frames}" if num_frames > 1 else "")
+    raise InvalidParam(
+        param,
+        f"{shape} needs {num_tokens} tokens per denoise step (both guidance passes), above this "
+        f"server's max_tokens_per_step of {max_tokens_per_step}; use a smaller size or fewer frames",
+    )
 
 
 def random_seed() -> int:
@@ -78,7 +104,9 @@ class Generator:
             )
 
     def validate(self, params: GenerationParams) -> dict[str, Any]:
-        return self.spec.validate(params)
+        validated = self.spec.validate(params)
+        check_step_tokens(self.spec, validated, self.config.max_tokens_per_step)
+        return validated
 
     def submit(self, params: dict[str, Any], inputs: dict[str, Any] | None = None) -> Submitted:
         try:

@@ -119,6 +119,12 @@ class DenoiseNode(Node):
     def prepare(self, request: RequestState) -> None:
         start = self._start(request)
         labels = (COND, UNCOND) if start.use_guidance else (COND,)
+        cost = start.num_tokens * len(labels)
+        if self.max_step_cost is not None and cost > self.max_step_cost:
+            # The API refuses these at validation; a step above the cap is what boot sizing excludes.
+            raise ValueError(
+                f"the request needs {cost} tokens per step, above max_tokens_per_step={self.max_step_cost}"
+            )
         request.state[self.name] = DenoiseState(
             latents=start.latents.to(torch.float32),
             sampler=start.sampler,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FAILURE_KINDS = ("error", "aborted", "timeout", "worker_died")
+FAILURE_KINDS = ("error", "aborted", "timeout", "worker_died", "out_of_memory")
 
 
 @dataclass(frozen=True)

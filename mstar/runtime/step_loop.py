@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_cached_memory
 from mstar.graph import Loop, ModelSpec, Node, Parallel, RequestState, Stage, stage_nodes
 from mstar.runtime import messages as m
 from mstar.runtime.requests import RequestTable, WorkerRequest
@@ -263,12 +264,14 @@ class StepLoop:
         node = queue.node
         cost = sum(_safe_cost(node, r.state) for r in batch)
         started = time.perf_counter()
-        try:
-            node.forward([r.state for r in batch])
-        except Exception as exc:
-            log.exception("%s.forward failed for %d request(s)", node.name, len(batch))
-            for request in batch:
-                self._fail(request, f"{node.name}.forward failed: {exc}")
+        failure = _run_forward(node, batch)
+        if failure is not None:
+            message, out_of_memory = failure
+            kind = OUT_OF_MEMORY_KIND if out_of_memory else "error"
+            for request in batch:  # only this batch: the others keep their state and go on
+                self._fail(request, f"{node.name}.forward failed: {message}", kind=kind)
+            if out_of_memory:
+                release_cached_memory()  # the batch's tensors and the error's frames are gone now
             return
         duration_s = time.perf_counter() - started
         self.to_conductor(m.StepStats(node.name, len(batch), cost, duration_s))
@@ -325,6 +328,17 @@ class StepLoop:
     def release_all(self) -> None:
         for rid in list(self.table.rids()):
             self.table.release(rid)
+
+
+def _run_forward(node: Node, batch: list[WorkerRequest]) -> tuple[str, bool] | None:
+    """None, or (error text, whether it was out of memory). The exception (and the activations
+    its traceback holds) is dropped on return, before any cache is released."""
+    try:
+        node.forward([r.state for r in batch])
+    except Exception as exc:
+        log.exception("%s.forward failed for %d request(s)", node.name, len(batch))
+        return str(exc), is_out_of_memory(exc)
+    return None
 
 
 def _recompiles(node: Node) -> int:

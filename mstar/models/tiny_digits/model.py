@@ -14,7 +14,13 @@ from typing import Any
 
 from mstar.errors import InvalidParam
 from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
-from mstar.models.tiny_digits.config import CONFIG_FILE, OUTPUT_SIZE, WEIGHTS_DIR
+from mstar.models.tiny_digits.config import (
+    CONFIG_FILE,
+    IMAGE_SIZE,
+    OUTPUT_SIZE,
+    WEIGHTS_DIR,
+    default_dit_config,
+)
 
 MAX_STEPS = 100
 MAX_GUIDANCE = 20.0
@@ -30,7 +36,14 @@ def _shipped_defaults() -> dict[str, Any]:
         "output_size": shipped.get("output_size", OUTPUT_SIZE),
         "steps": shipped.get("default_steps", 20),
         "guidance_scale": shipped.get("default_guidance_scale", 3.5),
+        "num_tokens": _num_tokens(shipped.get("image_size", IMAGE_SIZE), shipped.get("dit", {})),
     }
+
+
+def _num_tokens(image_size: int, dit: dict[str, Any]) -> int:
+    """DiT tokens of one image: a one-frame [C, 1, image_size, image_size] cut into patches."""
+    _, patch_h, patch_w = dit.get("patch_size", default_dit_config()["patch_size"])
+    return (image_size // patch_h) * (image_size // patch_w)
 
 
 class TinyDigitsSpec(ModelSpec):
@@ -50,6 +63,7 @@ class TinyDigitsSpec(ModelSpec):
         self.output_size: int = defaults["output_size"]
         self.default_steps: int = defaults["steps"]
         self.default_guidance: float = float(defaults["guidance_scale"])
+        self.num_tokens: int = defaults["num_tokens"]
 
     @property
     def size(self) -> str:
@@ -93,6 +107,10 @@ class TinyDigitsSpec(ModelSpec):
         for value in (width, height):
             if value is not None and value != self.output_size:
                 raise InvalidParam("size", f"tiny-digits only makes {self.size} images, got {width}x{height}")
+
+    def step_tokens(self, params: dict[str, Any]) -> int:
+        num_labels = 2 if float(params.get("guidance_scale") or 0.0) > 1.0 else 1  # as the dit's start
+        return self.num_tokens * num_labels
 
     def first_walk(self, params: dict[str, Any]) -> str:
         return "encode_text"

@@ -139,13 +139,16 @@ def build_digits_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> di
         resources = build_engine_resources(ctx.config, device, dtype)
         dit = WanDiT(WanDiTConfig.from_dict(config.dit))
         dit = load_module(dit, weights(DIT_FILE), device, dtype, keep_fp32=WanDiT.fp32_param_patterns)
-        nodes["dit"] = make_denoise_node(config, dit, resources.attention, device)
+        max_step_cost = ctx.config.max_tokens_per_step
+        nodes["dit"] = make_denoise_node(config, dit, resources.attention, device, max_step_cost)
     if "decoder" in ctx.node_names:
         nodes["decoder"] = DecoderNode(config.output_size)
     return nodes
 
 
-def make_denoise_node(config: TinyDigitsConfig, dit: WanDiT, attention, device: torch.device) -> DenoiseNode:
+def make_denoise_node(
+    config: TinyDigitsConfig, dit: WanDiT, attention, device: torch.device, max_step_cost: int | None = None
+) -> DenoiseNode:
     latent_shape = (config.num_channels, 1, config.image_size, config.image_size)  # [C, F, H, W]
 
     def start(request: RequestState) -> DenoiseStart:
@@ -172,4 +175,5 @@ def make_denoise_node(config: TinyDigitsConfig, dit: WanDiT, attention, device: 
         text=text,
         output_tensor=LATENTS,
         max_batch_size=MAX_BATCH_SIZE,
+        max_step_cost=max_step_cost,
     )

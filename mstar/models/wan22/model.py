@@ -109,6 +109,19 @@ class Wan22Spec(ModelSpec):
             )
         return frames
 
+    def step_tokens(self, params: dict[str, Any]) -> int:
+        """DiT tokens of the request (latent frames x patches) times its guidance labels."""
+        c = self.config
+        p_t, p_h, p_w = c.dit.patch_size
+        num_latent_frames = (params["num_frames"] - 1) // c.vae_scale_temporal + 1
+        num_tokens = (
+            (num_latent_frames // p_t)
+            * (params["height"] // c.vae_scale_spatial // p_h)
+            * (params["width"] // c.vae_scale_spatial // p_w)
+        )
+        num_labels = 2 if float(params.get("guidance_scale") or 0.0) > 1.0 else 1  # as uses_guidance
+        return num_tokens * num_labels
+
     def first_walk(self, params: dict[str, Any]) -> str:
         return "encode_text"
 

@@ -15,6 +15,7 @@ from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, W
 from mstar.models.zimage.config import REAL, ZImageConfig
 
 SIZE_MULTIPLE = 16  # VAE 8x times patch 2
+SEQ_MULTI_OF = 32  # the DiT pads image and caption tokens to this multiple
 DEFAULT_SIZE = 1024
 MIN_SIDE = 64
 MAX_SIDE = 4096
@@ -88,6 +89,16 @@ class ZImageSpec(ModelSpec):
             "seed": _seed(params.seed),
         }
 
+    def step_tokens(self, params: dict[str, Any]) -> int:
+        """Image plus caption tokens (the caption at its longest) times the guidance labels."""
+        config = self.config
+        patch = config.dit.patch_size
+        latent_scale = config.vae.spatial_scale * patch  # pixels per token side
+        num_image = (params["height"] // latent_scale) * (params["width"] // latent_scale)
+        num_tokens = _padded(num_image) + _padded(config.max_sequence_length)
+        num_labels = 2 if float(params.get("guidance_scale") or 0.0) > 0.0 else 1  # as uses_guidance
+        return num_tokens * num_labels
+
     def first_walk(self, params: dict[str, Any]) -> str:
         return "encode_text"
 
@@ -107,6 +118,11 @@ def _check_prompt(field: str, prompt: Any, required: bool) -> None:
         raise InvalidParam(field, "must not be empty")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise InvalidParam(field, f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
+
+
+def _padded(num_tokens: int) -> int:
+    """Rounded up to the DiT's sequence multiple (zimage.dit.SEQ_MULTI_OF, kept torch-free here)."""
+    return num_tokens + (-num_tokens) % SEQ_MULTI_OF
 
 
 def _is_int(value: Any) -> bool:
