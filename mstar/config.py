@@ -12,6 +12,12 @@ DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
 SIZE_PATTERN = re.compile(r"^\d+x\d+(x\d+)?$")
 
 
+def check_device(value: str) -> str:
+    if not DEVICE_PATTERN.match(value):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got '{value}'")
+    return value
+
+
 class NodeGroup(BaseModel):
     """Nodes placed on one worker process, on one device."""
 
@@ -22,9 +28,7 @@ class NodeGroup(BaseModel):
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:
-        if not DEVICE_PATTERN.match(value):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got '{value}'")
-        return value
+        return check_device(value)
 
 
 class ServerConfig(BaseModel):
@@ -64,9 +68,7 @@ class ServerConfig(BaseModel):
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:
-        if not DEVICE_PATTERN.match(value):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got '{value}'")
-        return value
+        return check_device(value)
 
     @field_validator("compile_sizes")
     @classmethod
