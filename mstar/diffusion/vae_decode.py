@@ -30,6 +30,14 @@ if TYPE_CHECKING:
 
 DecodePath = Literal["auto", "plain", "fast"]
 
+# Inductor's comprehensive padding (GPU only) pads the strides of contiguous intermediates to
+# 128 bytes. In torch 2.11 a Conv3d decoder whose upsampled H*W stride is misaligned then reads a
+# channels_last buffer with the padded contiguous stride: silently wrong, nondeterministic output
+# (pytorch/pytorch#194281, fixed after 2.11). Wan2.2 at 480x832 has such strides (the 60x104 stage:
+# 6240 elements) and a channel-shuffle shortcut (DupUp3D) like that repro. The decoder's hot
+# tensors are channels_last (never padded) and convolutions dislike padding, so little is lost.
+VAE_INDUCTOR_OPTIONS = {"comprehensive_padding": False}
+
 
 class ChunkDecoder(Protocol):
     post_quant_conv: nn.Module
@@ -124,7 +132,9 @@ class VaeDecodeRunner:
             import torch
 
             return torch.compile(fn, backend=compile_backend, dynamic=dynamic)
-        return CompiledFunction(fn, self.compile_mode, name, dynamic=dynamic)
+        return CompiledFunction(
+            fn, self.compile_mode, name, dynamic=dynamic, extra_options=VAE_INDUCTOR_OPTIONS
+        )
 
     # -- public API -------------------------------------------------------------------------------
 

@@ -70,9 +70,17 @@ class CompiledFunction:
     Call `finish_warmup()` after the warmup sizes ran: any compile after that is a recompile.
     """
 
-    def __init__(self, fn: Callable[..., Any], mode: str, name: str, dynamic: bool = True):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        mode: str,
+        name: str,
+        dynamic: bool = True,
+        extra_options: dict[str, Any] | None = None,
+    ):
         self.name = name
         self.mode = mode
+        self.extra_options = dict(extra_options or {})  # inductor config patches on top of the mode's
         self.num_compiles = 0
         self._num_compiles_at_warmup: int | None = None
         self._eager = fn
@@ -82,7 +90,7 @@ class CompiledFunction:
         import torch
         from torch._inductor.compile_fx import compile_fx
 
-        options = inductor_options(self.mode)
+        options = inductor_options(self.mode) | self.extra_options
 
         def counting_backend(graph_module, example_inputs):
             self.num_compiles += 1

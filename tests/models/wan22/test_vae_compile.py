@@ -96,3 +96,37 @@ def test_fast_path_inductor_deterministic_bf16_matches_eager(decoder_bf16, clip_
         frames = compiled.decode_fast_uint8(clip_latents).int()
         assert (frames - expected).abs().max() <= 8
         assert (frames - expected).abs().float().mean() < 1.0
+
+
+def test_vae_steps_compile_without_comprehensive_padding(decoder_bf16, monkeypatch):
+    """torch 2.11's comprehensive padding miscompiles Conv3d decoders (see VAE_INDUCTOR_OPTIONS)."""
+    monkeypatch.setattr(engine_compile, "effective_mode", lambda mode, device: mode)
+    runner = VaeDecodeRunner(copy.deepcopy(decoder_bf16), compile_mode="deterministic")
+    for step in (runner._uint8_step, runner._video_step):
+        assert isinstance(step, engine_compile.CompiledFunction)
+        assert step.extra_options["comprehensive_padding"] is False
+
+
+def test_compiled_function_extra_options_reach_inductor(monkeypatch):
+    """A misaligned 1320-element stride is padded by default (CPU padding switched on) and not with the patch."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor import metrics
+
+    monkeypatch.setattr(inductor_config, "disable_padding_cpu", False)
+
+    def many_reductions(x):
+        y = torch.sin(x) * torch.cos(x) + torch.exp(x)  # realised: read by six reductions
+        return y.sum(0), y.sum(1), y.mean(2), y.amax(2), y.amin(1), y.prod(0)
+
+    x = torch.randn(16, 40, 33)
+    num_paddings = []
+    for extra_options in ({}, {"comprehensive_padding": False}):
+        torch._dynamo.reset()
+        metrics.reset()
+        compiled = engine_compile.CompiledFunction(
+            many_reductions, "deterministic", "probe", dynamic=False, extra_options=extra_options
+        )
+        for ours, expected in zip(compiled(x), many_reductions(x), strict=True):
+            assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
+        num_paddings.append(metrics.num_comprehensive_padding)
+    assert num_paddings[0] > 0 and num_paddings[1] == 0
