@@ -41,6 +41,8 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "task": spec.task,
         "output_kind": spec.output_kind,
         "limits": spec.limits(),
+        # Size limits combine: tokens (x guidance labels) of one request per denoise step, at most this.
+        "max_tokens_per_step": state.config.max_tokens_per_step,
     }
 
 

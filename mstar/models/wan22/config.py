@@ -128,8 +128,10 @@ class Wan22Config:
     default_steps: int = 50
     default_guidance: float = 5.0
     size_multiple: int = 32  # VAE 16x times the DiT's 2x2 patch
-    max_width: int = 1920
-    max_height: int = 1920
+    # 1280 (the trained 720p side, either orientation): at the default 121 frames with guidance a
+    # 1280x1280 step is 99200 tokens, under the default max_tokens_per_step (131072); 1920 was not.
+    max_width: int = 1280
+    max_height: int = 1280
     max_num_frames: int = 241
     max_steps: int = 200
 
