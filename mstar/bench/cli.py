@@ -60,6 +60,40 @@ def _serve_parser(sub: Any) -> None:
     _add_output(parser, "serve")
 
 
+def _suite_parser(sub: Any) -> None:
+    from mstar.bench.pipelines import E2E_WORKLOADS
+
+    parser = sub.add_parser(
+        "serve-suite", help="issue 8 profile: cold vs steady, c=1 vs high c, mixed sizes, recompiles, parity"
+    )
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--workload", choices=sorted(E2E_WORKLOADS), help="fills kind, size, steps, guidance")
+    parser.add_argument("--kind", choices=["image", "video"])
+    parser.add_argument("--model", help="the `model` field sent (default: none)")
+    parser.add_argument("--size", help="WxH of every request but the mixed run's (default: first of --sizes)")
+    parser.add_argument("--sizes", type=_str_list, default=[], help="the mixed run's sizes, interleaved")
+    parser.add_argument("--company-sizes", type=_str_list, default=[], help="parity: sizes in flight")
+    parser.add_argument("--steps", type=int, dest="num_inference_steps")
+    parser.add_argument("--guidance-scale", type=float)
+    parser.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
+    parser.add_argument("--num-steady", type=int, default=3, help="c=1 requests after the cold one")
+    parser.add_argument("--high-concurrency", type=int, default=4)
+    parser.add_argument("--num-high", type=int, default=4)
+    parser.add_argument("--num-mixed", type=int, default=8, help="0: no mixed run")
+    parser.add_argument("--boot-s", type=float, help="time to /ready, measured by the caller")
+    parser.add_argument("--max-duration", type=float, default=1e9, dest="max_duration_s", help="time guard")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--request-timeout", type=float, default=600.0, dest="request_timeout_s")
+    parser.add_argument("--poll-interval", type=float, default=0.25, dest="poll_interval_s")
+    parser.add_argument("--api-key")
+    _add_output(parser, "serve-suite")
+
+
+def _table_parser(sub: Any) -> None:
+    parser = sub.add_parser("table", help="print a compact table of result JSON files (partial ones too)")
+    parser.add_argument("results", nargs="+", type=Path, help="result JSON files or folders")
+
+
 def _step_parser(sub: Any) -> None:
     from mstar.bench.dit_inputs import STEP_WORKLOADS
 
@@ -121,7 +155,7 @@ def _report_parser(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench", description=__doc__)
     sub = parser.add_subparsers(dest="benchmark", required=True)
-    for add in (_serve_parser, _step_parser, _diffusers_parser, _report_parser):
+    for add in (_serve_parser, _suite_parser, _step_parser, _diffusers_parser, _report_parser, _table_parser):
         add(sub)
     return parser
 
@@ -152,17 +186,35 @@ def _serve_options(args: argparse.Namespace):
         "num_requests",
         "num_warmup",
     )
-    fields += ("request_timeout_s", "poll_interval_s", "api_key", "video_form")
+    fields += ("request_timeout_s", "poll_interval_s", "api_key")
+    sizes = tuple(getattr(args, "sizes", ()))
     return ServeOptions(
         base_url=args.base_url,
         kind=kind or "image",
-        size=size,
+        size=size if args.size or not sizes else sizes[0],
+        sizes=sizes,
         extra_body=extra_body,
-        **{f: getattr(args, f) for f in fields},
+        video_form=getattr(args, "video_form", False),
+        **{f: getattr(args, f, None) for f in fields},
     )
 
 
-def _run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+def _suite_options(args: argparse.Namespace):
+    from mstar.bench.serve_suite import SuiteOptions
+
+    args.num_requests, args.num_warmup = 0, 0  # the suite sets its own counts per phase
+    serve = _serve_options(args)
+    names = ("num_steady", "high_concurrency", "num_high", "num_mixed", "company_sizes", "boot_s")
+    return SuiteOptions(
+        serve=serve, max_duration_s=args.max_duration_s, **{n: getattr(args, n) for n in names}
+    )
+
+
+def _run(args: argparse.Namespace, argv: list[str], write: Any) -> dict[str, Any]:
+    if args.benchmark == "serve-suite":
+        from mstar.bench.serve_suite import run_serve_suite
+
+        return run_serve_suite(_suite_options(args), on_update=write) | {"workload": args.workload}
     if args.benchmark == "serve":
         from mstar.bench.serve import run_serve_benchmark
 
@@ -201,17 +253,31 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table(args: argparse.Namespace) -> int:
+    from mstar.bench.report import compact_table, load_results
+
+    results = load_results(args.results)
+    print(compact_table(results) if results else f"no results in {[str(p) for p in args.results]}")
+    return 0 if results else 1
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.benchmark == "report":
-        return _report(args)
+    if args.benchmark in ("report", "table"):
+        return _report(args) if args.benchmark == "report" else _table(args)
     from mstar.bench.env import env_info
     from mstar.bench.report import result_markdown
 
-    result = _run(args, argv)
-    result["env"] = env_info(argv, with_cuda=args.benchmark != "serve")
+    env = env_info(argv, with_cuda=not args.benchmark.startswith("serve"))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(result: dict[str, Any]) -> None:  # also after every phase of a suite: a killed run keeps them
+        partial = result | {"workload": getattr(args, "workload", None), "env": env}
+        output.write_text(json.dumps(partial, indent=2, default=str))
+
+    result = _run(args, argv, write)
+    result["env"] = env
     output.write_text(json.dumps(result, indent=2, default=str))
     markdown = result_markdown(result)
     output.with_suffix(".md").write_text(markdown)

@@ -105,7 +105,14 @@ def diffusers_table(result: dict[str, Any]) -> str:
 
 
 def result_markdown(result: dict[str, Any]) -> str:
-    tables = {"serve": serve_table, "step": step_table, "diffusers": diffusers_table}
+    from mstar.bench.suite_report import suite_table
+
+    tables = {
+        "serve": serve_table,
+        "step": step_table,
+        "diffusers": diffusers_table,
+        "serve-suite": suite_table,
+    }
     table = tables[result["benchmark"]](result)
     notes = "".join(f"\n- {note}" for note in result.get("notes", []))
     return f"### {result['benchmark']}: {result.get('title', '')}\n\n{table}\n{notes}\n".rstrip() + "\n"
@@ -134,6 +141,15 @@ def comparison_rows(results: list[dict[str, Any]]) -> list[str]:
     serves = [r for r in results if r["benchmark"] == "serve"]
     for workload in sorted({run["workload"] for run in pipelines} | {_serve_workload(r) for r in serves}):
         rows.extend(_end_to_end_rows(workload, pipelines, serves))
+    return rows + suite_rows(results, pipelines)
+
+
+def suite_rows(results: list[dict[str, Any]], pipelines: list[dict]) -> list[str]:
+    from mstar.bench.suite_report import suite_comparison_rows
+
+    rows = []
+    for result in (r for r in results if r["benchmark"] == "serve-suite"):
+        rows.extend(suite_comparison_rows(result, pipelines))
     return rows
 
 
@@ -198,7 +214,12 @@ def run_section(results: list[dict[str, Any]], commands: list[str], title: str |
     dates = sorted(r.get("env", {}).get("date_utc", "") for r in results)
     gpus = {r.get("env", {}).get("gpu") for r in results} - {None}
     heading = title or f"{dates[-1] if dates else 'undated'} on {', '.join(sorted(gpus)) or 'unknown GPU'}"
-    body = [f"## {heading}", "", COMPARISON_HEADER, *comparison_rows(results), "", "Measured with:"]
+    body = [f"## {heading}", "", COMPARISON_HEADER, *comparison_rows(results), ""]
+    if any(r["benchmark"] == "serve-suite" for r in results):
+        from mstar.bench.suite_report import H200_MD_NOTE
+
+        body += [H200_MD_NOTE, ""]
+    body += ["Measured with:"]
     body += _env_lines(results)
     body += ["", "Commands:", "```", *commands, "```", ""]
     details = [result_markdown(r) for r in results]
@@ -228,5 +249,13 @@ def load_results(paths: list[Path]) -> list[dict[str, Any]]:
         files.extend(sorted(path.rglob("*.json")) if path.is_dir() else [path])
     results = [json.loads(f.read_text()) for f in files]
     return [
-        r for r in results if isinstance(r, dict) and r.get("benchmark") in ("serve", "step", "diffusers")
+        r
+        for r in results
+        if isinstance(r, dict) and r.get("benchmark") in ("serve", "step", "diffusers", "serve-suite")
     ]
+
+
+def compact_table(results: list[dict[str, Any]]) -> str:
+    from mstar.bench.suite_report import compact_table as tables
+
+    return tables(results)

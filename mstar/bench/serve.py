@@ -10,6 +10,8 @@ ends (time to first progress = first poll with progress > 0), then GET /v1/video
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -50,6 +52,8 @@ class ServeOptions:
     poll_interval_s: float = 0.25
     api_key: str | None = None
     video_form: bool = False  # send POST /v1/videos as multipart form fields instead of JSON
+    sizes: tuple[str, ...] = ()  # mixed sizes: request i asks for sizes[i % len]; empty: `size`
+    keep_media: bool = False  # keep each output's bytes on its record (parity checks)
 
 
 @dataclass
@@ -61,6 +65,9 @@ class RequestRecord:
     error: str | None = None  # "http_429", "timeout", "connection", "job_failed", ...
     first_progress_s: float | None = None  # seconds from send to first progress > 0
     output_bytes: int = 0
+    size: str | None = None
+    media_sha256: str | None = None  # of the image (decoded from base64) or the MP4
+    media = None  # not a dataclass field (never in JSON): the output bytes when options.keep_media
 
     @property
     def latency_s(self) -> float:
@@ -73,6 +80,10 @@ class RequestError(Exception):
         self.kind = kind
 
 
+def request_size(options: ServeOptions, index: int) -> str | None:
+    return options.sizes[index % len(options.sizes)] if options.sizes else options.size
+
+
 def request_body(options: ServeOptions, index: int) -> dict[str, Any]:
     """The fixed workload: prompt and seed depend only on the request index."""
     body: dict[str, Any] = {
@@ -81,7 +92,7 @@ def request_body(options: ServeOptions, index: int) -> dict[str, Any]:
     }
     optional = {
         "model": options.model,
-        "size": options.size,
+        "size": request_size(options, index),
         "num_inference_steps": options.num_inference_steps,
         "guidance_scale": options.guidance_scale,
     }
@@ -99,10 +110,19 @@ def _check(response: Any) -> None:
         raise RequestError(f"http_{response.status_code}")
 
 
+def _keep_media(record: RequestRecord, media: bytes, options: ServeOptions) -> None:
+    record.media_sha256 = hashlib.sha256(media).hexdigest()
+    if options.keep_media:
+        record.media = media
+
+
 async def _send_image(client: Any, options: ServeOptions, record: RequestRecord) -> None:
     response = await client.post("/v1/images/generations", json=request_body(options, record.index))
     _check(response)
     record.output_bytes = len(response.content)
+    data = response.json().get("data") or [{}]
+    if data[0].get("b64_json"):
+        _keep_media(record, base64.b64decode(data[0]["b64_json"]), options)
 
 
 async def _send_video(client: Any, options: ServeOptions, record: RequestRecord) -> None:
@@ -127,6 +147,7 @@ async def _send_video(client: Any, options: ServeOptions, record: RequestRecord)
     response = await client.get(f"/v1/videos/{video_id}/content")
     _check(response)
     record.output_bytes = len(response.content)
+    _keep_media(record, response.content, options)
 
 
 def _error_kind(error: BaseException) -> str:
@@ -144,7 +165,7 @@ def _error_kind(error: BaseException) -> str:
 
 
 async def run_one(client: Any, options: ServeOptions, index: int) -> RequestRecord:
-    record = RequestRecord(index=index, start_s=time.perf_counter())
+    record = RequestRecord(index=index, start_s=time.perf_counter(), size=request_size(options, index))
     send = _send_image if options.kind == "image" else _send_video
     try:
         await asyncio.wait_for(send(client, options, record), timeout=options.request_timeout_s)
@@ -256,8 +277,12 @@ def _run_entry(mode: str, concurrency, rate, records, kind: str, memory: PeakMem
         **summarize(records, kind),
         "peak_gpu_memory_gib": memory.peak_gib,
         "gpu_memory_source": memory.source,
-        "requests": [asdict(r) | {"latency_s": r.latency_s} for r in records],
+        "requests": [record_dict(r) for r in records],
     }
+
+
+def record_dict(record: RequestRecord) -> dict[str, Any]:
+    return asdict(record) | {"latency_s": record.latency_s}
 
 
 def run_serve_benchmark(

@@ -1,0 +1,169 @@
+"""Issue 8's serving profile (`mstar bench serve-suite`): unit checks of the scrape, PSNR and summary,
+then the whole suite against OUR server (the real API app and Runtime) serving tiny-digits."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mstar.bench.serve import RequestRecord, ServeOptions
+from mstar.bench.serve_suite import (
+    SuiteOptions,
+    compare_outputs,
+    psnr_db,
+    recompiles_from_metrics,
+    run_serve_suite,
+    scrape_recompiles,
+    summary,
+)
+from mstar.bench.suite_report import H200_MD_NOTE, suite_comparison_rows, suite_table
+
+live = pytest.importorskip("tests.api.live")
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _record(index: int, media: bytes) -> RequestRecord:
+    import hashlib
+
+    record = RequestRecord(index=index, start_s=0.0, ok=True, media_sha256=hashlib.sha256(media).hexdigest())
+    record.media = media
+    return record
+
+
+def test_recompiles_are_summed_from_our_metrics_text():
+    from mstar.api.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics("m")
+    assert recompiles_from_metrics(metrics.render().decode()) == 0  # no sample before the first recompile
+    metrics.count_recompile("dit", 2)
+    metrics.count_recompile("vae_decoder", 1)
+    text = metrics.render().decode()
+    assert "mstar:recompiles_created" in text  # a sibling series that must not be counted
+    assert recompiles_from_metrics(text) == 3
+
+
+def test_psnr_and_output_comparison():
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+    assert psnr_db(image, image.copy()) == math.inf
+    noisy = image.astype(np.int16)
+    noisy[0, 0, 0] = (noisy[0, 0, 0] + 16) % 256  # one value off by 16 (or 240 when it wraps)
+    mse = float((noisy[0, 0, 0] - int(image[0, 0, 0])) ** 2) / image.size
+    assert psnr_db(image, noisy.astype(np.uint8)) == pytest.approx(10 * math.log10(255**2 / mse))
+    same = compare_outputs(_record(0, _png(image)), _record(0, _png(image)), "image")
+    assert same["identical_bytes"] and same["psnr_db"] == math.inf
+    differs = compare_outputs(_record(0, _png(image)), _record(0, _png(noisy.astype(np.uint8))), "image")
+    assert not differs["identical_bytes"]
+    assert differs["psnr_db"] == pytest.approx(10 * math.log10(255**2 / mse))
+    assert differs["source"] == "png pixels"
+
+
+def test_summary_ratios_and_recompile_deltas():
+    result = {
+        "cold": {"ok": True, "latency_s": 11.0},
+        "phases": {
+            "steady_c1": {"latency_p50_s": 10.0, "videos_per_minute": 6.0},
+            "c4": {"videos_per_minute": 9.0},
+            "mixed": {"latency_p50_s": 20.0, "latency_p99_s": 30.0},
+        },
+        "recompiles": {"at_ready": 1, "after_c4": 2, "after_mixed": 5, "at_end": 5},
+        "boot_s": 100.0,
+    }
+    s = summary(result, "video", 4)
+    assert s["cold_over_steady"] == pytest.approx(1.1)
+    assert s["throughput_ratio"] == pytest.approx(1.5)
+    assert s["mixed_p99_over_p50"] == pytest.approx(1.5)
+    assert (s["recompiles_in_mixed"], s["recompiles_in_traffic"]) == (3, 4)
+
+
+def _tiny_server(metrics):
+    from mstar.api.app import create_app
+    from mstar.config import ServerConfig
+    from mstar.models.tiny_digits.model import TinyDigitsSpec
+
+    spec = TinyDigitsSpec()
+    return live.LiveServer(
+        create_app(ServerConfig(model=spec.name, warmup=False), spec, metrics=metrics)
+    ), spec
+
+
+def test_recompile_scrape_through_our_metrics_route():
+    import httpx
+
+    from mstar.api.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics("tiny-digits")
+    server, _ = _tiny_server(metrics)
+
+    async def scrape() -> int | None:
+        async with httpx.AsyncClient(base_url=server.base_url) as client:
+            return await scrape_recompiles(client)
+
+    with server:
+        before = asyncio.run(scrape())
+        metrics.count_recompile("dit", 2)  # what the conductor does when a worker reports a recompile
+        after = asyncio.run(scrape())
+    assert (before, after) == (0, 2)
+
+
+def test_suite_against_tiny_digits(tmp_path):
+    from mstar.api.metrics import PrometheusMetrics
+
+    server, spec = _tiny_server(PrometheusMetrics("tiny-digits"))
+    updates: list[dict] = []
+    with server:
+        serve = ServeOptions(base_url=server.base_url, kind="image", model=spec.name, size="256x256")
+        serve.num_inference_steps, serve.sizes = 2, ("256x256",)  # tiny-digits has one size
+        options = SuiteOptions(
+            serve=serve, num_steady=2, high_concurrency=2, num_high=2, num_mixed=2, company_sizes=["256x256"]
+        )
+        options.boot_s = 1.5
+        result = run_serve_suite(options, on_update=lambda r: updates.append(json.loads(json.dumps(r))))
+    phases = result["phases"]
+    assert set(phases) == {"steady_c1", "c2", "mixed"}
+    assert result["cold"]["ok"] and result["cold"]["index"] == 0
+    for phase in phases.values():
+        assert phase["errors"] == {} and phase["num_completed"] == 2
+    assert [r["size"] for r in phases["mixed"]["requests"]] == ["256x256", "256x256"]
+    s = result["summary"]
+    assert s["boot_s"] == 1.5
+    assert s["cold_over_steady"] == pytest.approx(s["cold_latency_s"] / s["steady_p50_s"])
+    assert s["throughput_ratio"] == pytest.approx(s["per_minute_c2"] / s["per_minute_c1"])
+    assert s["recompiles_in_traffic"] == 0 and s["recompiles_in_mixed"] == 0  # scraped, none on CPU eager
+    parity = result["parity"]
+    assert parity["repeat_alone"]["identical_bytes"] and parity["repeat_alone"]["psnr_db"] == math.inf
+    company = parity["with_company"]
+    assert company["company_overlapping"] == 1
+    assert company["psnr_db"] is not None and company["psnr_db"] > 30  # batch company: float noise at most
+    # every phase was published as it ended: a killed run keeps what it measured
+    assert len(updates) >= 4 and "steady_c1" in updates[1]["phases"]
+    table = suite_table(result)
+    assert "| cold / steady |" in table and "| parity: alone vs with_company |" in table
+    rows = suite_comparison_rows(result | {"workload": "zimage-1024"}, [])
+    assert any("1.42†" in row for row in rows)  # H200.md's diffusers p50, marked
+    assert H200_MD_NOTE.startswith("†")
+
+
+def test_time_guard_skips_what_does_not_fit():
+    from mstar.api.metrics import PrometheusMetrics
+
+    server, spec = _tiny_server(PrometheusMetrics("tiny-digits"))
+    with server:
+        serve = ServeOptions(base_url=server.base_url, kind="image", model=spec.name, num_inference_steps=2)
+        options = SuiteOptions(serve=serve, num_steady=2, num_high=2, high_concurrency=2, num_mixed=2)
+        options.max_duration_s = 0.0  # only the cold request is always sent
+        result = run_serve_suite(options)
+    assert result["cold"]["ok"] and result["phases"] == {}
+    assert [note.split(":")[0] for note in result["skipped"]] == ["steady_c1", "c2", "mixed"]
