@@ -1,6 +1,7 @@
 """Wan DiT (diffusers WanTransformer3DModel, same state-dict keys) over a packed list of items.
 
     dit = WanDiT(WanDiTConfig(...))                     # load weights with mstar.models.checkpoint
+    dit.fuse_projections()                              # after loading, before compile (optional)
     attn = build_attention("auto", device, dtype)
     velocities = dit([DiTInput(latents, timestep, text), ...], attn)   # one [C, F, H, W] per item
 
@@ -79,6 +80,19 @@ class WanDiT(nn.Module):
         self._rotary_tables = rotary_tables(config.attention_head_dim, config.rope_max_seq_len)
         self._rotary_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._layers = self.run_layers  # replaced by a compiled copy in compile_layers
+
+    def fuse_projections(self) -> None:
+        """Self-attention q/k/v and cross-attention k/v as one GEMM each (idempotent).
+
+        Call after the weights are loaded (fusing renames parameters: the state dict keys are
+        diffusers' only before) and before compile_layers. Numerically the same GEMMs, concatenated.
+        """
+        for block in self.blocks:
+            block.fuse_projections()
+
+    @property
+    def projections_fused(self) -> bool:
+        return all(block.attn1.fused is not None for block in self.blocks)
 
     def compile_layers(self, mode: str) -> None:
         """Compile the layer stack once with the pack length dynamic (mstar.engine.compile modes)."""

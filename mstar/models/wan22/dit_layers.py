@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.models.fusion import concat_linears
+
 
 def sinusoidal_embedding(timesteps: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """diffusers Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0): [R] -> [R, dim] float32."""
@@ -121,7 +123,11 @@ class _GeluProj(nn.Module):
 
 
 class WanAttention(nn.Module):
-    """Projections + RMS q/k norm across heads; the attention itself runs on the shared RaggedAttention."""
+    """Projections + RMS q/k norm across heads; the attention itself runs on the shared RaggedAttention.
+
+    `fuse_projections()` (after loading) turns to_q/to_k/to_v into one `to_qkv` GEMM for self
+    attention, or to_k/to_v into one `to_kv` GEMM for cross attention; outputs are split by views.
+    """
 
     def __init__(self, dim: int, heads: int, eps: float):
         super().__init__()
@@ -132,12 +138,38 @@ class WanAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(dim, dim), nn.Dropout(0.0)])
         self.norm_q = nn.RMSNorm(dim, eps=eps)
         self.norm_k = nn.RMSNorm(dim, eps=eps)
+        self.fused: str | None = None  # None, "qkv" (self attention) or "kv" (cross attention)
+
+    def fuse_projections(self, self_attention: bool) -> None:
+        """Concatenate the projections that share an input; the separate weights are deleted."""
+        if self.fused is not None:
+            return
+        if self_attention:
+            self.to_qkv = concat_linears([self.to_q, self.to_k, self.to_v])
+            del self.to_q, self.to_k, self.to_v
+            self.fused = "qkv"
+        else:
+            self.to_kv = concat_linears([self.to_k, self.to_v])
+            del self.to_k, self.to_v
+            self.fused = "kv"
+
+    def _project(self, x, context) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, dim], k and v [Tkv, dim]; views into one GEMM output when fused. context None: self."""
+        if self.fused == "qkv":
+            return self.to_qkv(x).unflatten(-1, (3, -1)).unbind(-2)  # [T, 3, dim] -> 3 x [T, dim]
+        context = x if context is None else context
+        if self.fused == "kv":
+            key, value = self.to_kv(context).unflatten(-1, (2, -1)).unbind(-2)  # [Tkv, 2, dim]
+            return self.to_q(x), key, value
+        return self.to_q(x), self.to_k(context), self.to_v(context)
 
     def forward(self, x, context, attention, label: str, rotary=None) -> torch.Tensor:
-        """x [T, dim] queries; context [Tkv, dim] keys/values source; rotary (cos, sin) for self attention."""
-        query = self.norm_q(self.to_q(x)).unflatten(-1, (self.heads, -1))  # [T, H, D]
-        key = self.norm_k(self.to_k(context)).unflatten(-1, (self.heads, -1))
-        value = self.to_v(context).unflatten(-1, (self.heads, -1))
+        """x [T, dim] queries; context [Tkv, dim] keys/values source (None: self attention, x);
+        rotary (cos, sin) for self attention."""
+        query, key, value = self._project(x, context)
+        query = self.norm_q(query).unflatten(-1, (self.heads, -1))  # [T, H, D]
+        key = self.norm_k(key).unflatten(-1, (self.heads, -1))
+        value = value.unflatten(-1, (self.heads, -1))
         if rotary is not None:
             query = apply_rotary(query, *rotary)
             key = apply_rotary(key, *rotary)
@@ -155,13 +187,17 @@ class WanBlock(nn.Module):
         self.ffn = FeedForward(dim, ffn_dim)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
+    def fuse_projections(self) -> None:
+        self.attn1.fuse_projections(self_attention=True)
+        self.attn2.fuse_projections(self_attention=False)
+
     def forward(self, x, text, modulation_rows, row_index, rotary, attention) -> torch.Tensor:
         """x [T, dim]; text [Tkv, dim]; modulation_rows [R, 6, dim]; row_index [T] int64."""
         # [R, 6, dim] float32 -> six [T, dim] tables, gathered per token
         rows = (self.scale_shift_table + modulation_rows.float()).unbind(1)
         shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate = (r[row_index] for r in rows)
         normed = (fp32_layer_norm(x, self.eps) * (1 + scale_msa) + shift_msa).type_as(x)
-        x = (x.float() + self.attn1(normed, normed, attention, "self", rotary) * gate_msa).type_as(x)
+        x = (x.float() + self.attn1(normed, None, attention, "self", rotary) * gate_msa).type_as(x)
         normed = x if self.norm2 is None else fp32_layer_norm(x, self.eps, self.norm2).type_as(x)
         x = x + self.attn2(normed, text, attention, "cross")
         normed = (fp32_layer_norm(x, self.eps) * (1 + c_scale) + c_shift).type_as(x)

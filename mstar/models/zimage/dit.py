@@ -108,6 +108,17 @@ class ZImageDiT(nn.Module):
             config = from_json_dict(DiTConfig, config)
         return cls(config)
 
+    def fuse_projections(self) -> None:
+        """Attention q/k/v and the SwiGLU gate/up projections as one GEMM each, in every block
+        (idempotent). Call after the weights are loaded (fusing renames parameters: the state dict
+        keys are diffusers' only before) and before compile_layers."""
+        for block in [*self.noise_refiner, *self.context_refiner, *self.layers]:
+            block.fuse_projections()
+
+    @property
+    def projections_fused(self) -> bool:
+        return all(block.attention.fused for block in self.layers)
+
     def compile_layers(self, mode: str) -> None:
         """Compile the main layer stack once with the pack length dynamic (engine compile modes)."""
         from mstar.engine.compile import CompiledFunction

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.models.fusion import concat_linears
+
 ADALN_EMBED_DIM = 256
 FREQUENCY_EMBEDDING_SIZE = 256
 TIMESTEP_MID_SIZE = 1024
@@ -57,13 +59,25 @@ class TimestepEmbedder(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """SwiGLU; `fuse_projections()` makes the gate (w1) and up (w3) projections one `w13` GEMM."""
+
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.fused = False
+
+    def fuse_projections(self) -> None:
+        if not self.fused:
+            self.w13 = concat_linears([self.w1, self.w3])
+            del self.w1, self.w3
+            self.fused = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            gate, up = self.w13(x).unflatten(-1, (2, -1)).unbind(-2)  # [T, 2, hidden] -> 2 x [T, hidden]
+            return self.w2(F.silu(gate) * up)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -95,13 +109,30 @@ class SelfAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(dim, dim, bias=False)])
         self.norm_q = RMSNorm(head_dim, eps=1e-5) if qk_norm else None
         self.norm_k = RMSNorm(head_dim, eps=1e-5) if qk_norm else None
+        self.fused = False
+
+    def fuse_projections(self) -> None:
+        """to_q/to_k/to_v as one `to_qkv` GEMM (after loading); the separate weights are deleted."""
+        if not self.fused:
+            self.to_qkv = concat_linears([self.to_q, self.to_k, self.to_v])
+            del self.to_q, self.to_k, self.to_v
+            self.fused = True
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v each [T, H, D]; views into one GEMM output when fused."""
+        if self.fused:
+            return self.to_qkv(x).unflatten(-1, (3, self.n_heads, -1)).unbind(-3)  # [T, 3, H, D]
+        heads = (self.n_heads, -1)
+        return (
+            self.to_q(x).unflatten(-1, heads),
+            self.to_k(x).unflatten(-1, heads),
+            self.to_v(x).unflatten(-1, heads),
+        )
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn, label: str
     ) -> torch.Tensor:
-        q = self.to_q(x).unflatten(-1, (self.n_heads, -1))  # [T, H, D]
-        k = self.to_k(x).unflatten(-1, (self.n_heads, -1))
-        v = self.to_v(x).unflatten(-1, (self.n_heads, -1))
+        q, k, v = self._project(x)  # [T, H, D] each
         if self.norm_q is not None:
             q = self.norm_q(q)
         if self.norm_k is not None:
@@ -127,6 +158,10 @@ class TransformerBlock(nn.Module):
         self.modulation = modulation
         if modulation:
             self.adaLN_modulation = nn.Sequential(nn.Linear(min(dim, ADALN_EMBED_DIM), 4 * dim, bias=True))
+
+    def fuse_projections(self) -> None:
+        self.attention.fuse_projections()
+        self.feed_forward.fuse_projections()
 
     def forward(
         self,

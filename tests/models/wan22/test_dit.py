@@ -16,13 +16,15 @@ def _relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return float((ours - theirs).norm() / theirs.norm())
 
 
-@pytest.fixture(scope="module")
-def models():
+@pytest.fixture(scope="module", params=[False, True], ids=["unfused", "fused"])
+def models(request):
     config = tiny_wan22_config().dit
     torch.manual_seed(0)
     theirs = diffusers.WanTransformer3DModel(**config.to_dict()).eval()
     ours = WanDiT(config).eval()
-    ours.load_state_dict(theirs.state_dict(), strict=True)
+    ours.load_state_dict(theirs.state_dict(), strict=True)  # diffusers' keys: load before fusing
+    if request.param:
+        ours.fuse_projections()
     return ours, theirs
 
 

@@ -13,10 +13,12 @@ def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
     return ((ours.float() - reference.float()).norm() / reference.float().norm()).item()
 
 
-@pytest.fixture(scope="module")
-def models(tiny_folder):
+@pytest.fixture(scope="module", params=[False, True], ids=["unfused", "fused"])
+def models(tiny_folder, request):
     folder, pipe = tiny_folder
-    ours = build_dit(TINY.dit, "cpu", torch.float32, model_path=str(folder))
+    ours = build_dit(TINY.dit, "cpu", torch.float32, model_path=str(folder))  # loads diffusers' keys
+    if request.param:
+        ours.fuse_projections()
     return ours, pipe.transformer
 
 
