@@ -62,6 +62,9 @@ class ServerConfig(BaseModel):
     compile_mode: Literal["deterministic", "default", "max-autotune", "off"] = "deterministic"
     compile_sizes: list[str] = []
     warmup: bool = True
+    # DiT q/k/v (and Z-Image gate/up) projections concatenated into one GEMM each after loading;
+    # CUDA only (the CPU path stays the plain reference). False to A/B it or rule it out.
+    fuse_projections: bool = True
     max_tokens_per_step: int = Field(131072, ge=1)
     max_batch_size: int = Field(8, ge=1)
 

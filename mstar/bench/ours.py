@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
+FUSE_PROJECTIONS_ENV = "MSTAR_FUSE_PROJECTIONS"
 DIT_MODULES = {"wan": "mstar.models.wan22.dit", "zimage": "mstar.models.zimage.dit"}
 
 
@@ -107,12 +109,22 @@ def build_ours(
         dit.load_state_dict(state_dict, strict=True)
     keep_fp32 = getattr(dit, "fp32_param_patterns", None) or getattr(dit, "_keep_in_fp32_modules", None)
     dit = cast_parameters(dit.to(device=device), dtype, keep_fp32).eval().requires_grad_(False)
+    if hasattr(dit, "fuse_projections") and fuse_projections_enabled(device):
+        dit.fuse_projections()  # after loading diffusers' keys, before compile (as the server does)
     _apply_compile_mode(dit, compile_mode)
 
     def forward(items: list[dict]) -> list[Any]:
         return _call(dit, attn, to_inputs(module, items))
 
     return forward
+
+
+def fuse_projections_enabled(device: str) -> bool:
+    """MSTAR_FUSE_PROJECTIONS=1 fuses anywhere, =0 never; unset: on CUDA only (ServerConfig's rule)."""
+    setting = os.environ.get(FUSE_PROJECTIONS_ENV, "")
+    if setting not in ("", "0", "1"):
+        raise ValueError(f"{FUSE_PROJECTIONS_ENV} must be 0 or 1, got '{setting}'")
+    return setting == "1" or (setting == "" and str(device).startswith("cuda"))
 
 
 def _apply_compile_mode(dit: Any, compile_mode: str) -> None:

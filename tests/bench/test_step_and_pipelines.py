@@ -21,7 +21,9 @@ def _ours_importable(module: str) -> bool:
         return False
 
 
-def test_step_times_both_and_checks_parity_with_the_same_weights(tmp_path):
+@pytest.mark.parametrize("fuse", ["0", "1"], ids=["unfused", "fused"])
+def test_step_times_both_and_checks_parity_with_the_same_weights(tmp_path, monkeypatch, fuse):
+    monkeypatch.setenv("MSTAR_FUSE_PROJECTIONS", fuse)  # fused projections are CUDA-only by default
     output = tmp_path / "step.json"
     argv = [
         "step",
@@ -118,3 +120,17 @@ def test_step_without_diffusers_times_ours_alone(tmp_path, monkeypatch):
     (run,) = entry["runs"]
     assert run["impl"] == "mstar" and run["rel_error"] is None and run["median_ms"] > 0
     assert any("diffusers is not importable" in note for note in result["notes"])
+
+
+def test_fuse_projections_switch(monkeypatch):
+    from mstar.bench.ours import fuse_projections_enabled
+
+    monkeypatch.delenv("MSTAR_FUSE_PROJECTIONS", raising=False)
+    assert fuse_projections_enabled("cuda:0") and not fuse_projections_enabled("cpu")
+    monkeypatch.setenv("MSTAR_FUSE_PROJECTIONS", "0")
+    assert not fuse_projections_enabled("cuda")
+    monkeypatch.setenv("MSTAR_FUSE_PROJECTIONS", "1")
+    assert fuse_projections_enabled("cpu")
+    monkeypatch.setenv("MSTAR_FUSE_PROJECTIONS", "yes")
+    with pytest.raises(ValueError, match="MSTAR_FUSE_PROJECTIONS"):
+        fuse_projections_enabled("cuda")

@@ -144,6 +144,8 @@ def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dt
         lambda: WanDiT(config.dit), ctx.device, dtype, folder=_folder(model_path, "transformer"),
         keep_fp32=WanDiT.fp32_param_patterns, progress=ctx.progress,
     )  # fmt: skip
+    if server.fuse_projections and ctx.device.startswith("cuda"):
+        dit.fuse_projections()  # after loading (diffusers' keys), before compile
     mode = effective_mode(server.compile_mode, ctx.device)
     dit.compile_layers(mode)
     attention = build_attention(
