@@ -7,6 +7,8 @@ each size limit alone (others at their defaults) fits under the default cap.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from mstar.config import ServerConfig
@@ -16,6 +18,7 @@ from mstar.models.wan22.config import tiny_wan22_config
 from mstar.models.wan22.model import Wan22Spec
 from mstar.models.zimage.config import TINY
 from mstar.models.zimage.model import ZImageSpec
+from mstar.runtime.runtime import Runtime
 from tests.api.conftest import build_client
 from tests.serving.dit_nodes import build_dit, make_request
 
@@ -101,8 +104,9 @@ def post_video(client, **body):
 def test_a_video_above_the_cap_is_a_400_naming_num_frames_or_size():
     client, runtime = build_client(Wan22Spec(), max_tokens_per_step=60_000)
     with client:
-        fits = post_video(client, size="1280x704", num_frames=121)  # 31 x 22 x 40 x 2 = 54560 tokens
-        assert fits.status_code == 200, fits.text
+        generator = client.app.state.mstar.generator  # validated only: encoding a 720p video is slow
+        fields = {"prompt": "a fox", "width": 1280, "height": 704, "num_frames": 121}
+        assert generator.validate(GenerationParams(**fields))["num_frames"] == 121  # 54560 tokens fit
         too_long = post_video(client, size="1280x704", num_frames=241)
         assert too_long.status_code == 400
         error = too_long.json()["error"]
@@ -139,3 +143,47 @@ def test_out_of_memory_failures_are_a_clear_503():
     error = response.json()["error"]
     assert error["code"] == "out_of_memory" and "out of memory" in error["message"]
     assert "0xdeadbeef" not in error["message"]  # internal detail stays in the log
+
+
+class StepRecorder:
+    """MetricsSink keeping every step's (node, batch size, cost)."""
+
+    def __init__(self):
+        self.steps: list[tuple[str, int, int]] = []
+
+    def observe_step(self, node: str, batch_size: int, cost: int, duration_s: float) -> None:
+        self.steps.append((node, batch_size, cost))
+
+    def observe_queue_time(self, seconds: float) -> None: ...
+
+    def observe_request_end(self, outcome: str, latency_s: float) -> None: ...
+
+    def count_recompile(self, node: str, count: int) -> None: ...
+
+
+async def run_mix(runtime, many_params: list[dict]) -> list[dict]:
+    await runtime.start()
+    try:
+        handles = [runtime.submit(params) for params in many_params]
+        return await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60.0)
+    finally:
+        await runtime.shutdown(timeout_s=5.0)
+
+
+def test_the_worker_step_never_exceeds_the_cap_with_a_mix():
+    spec = TinyDigitsSpec()
+    cap = 64  # two guided requests (32 tokens each), or one guided and two unguided (16 each)
+    config = ServerConfig(model="tiny-digits", warmup=False, max_tokens_per_step=cap)
+    recorder = StepRecorder()
+    mix = [
+        spec.validate(GenerationParams(prompt="seven", guidance_scale=g, seed=i, num_inference_steps=3))
+        for i, g in enumerate([3.5, 1.0, 3.5, 3.5, 1.0, 3.5])
+    ]
+    outputs = asyncio.run(run_mix(Runtime(config, spec, recorder), mix))
+    assert all(out["frames"].shape == (1, 256, 256, 3) for out in outputs)
+    dit_steps = [(size, cost) for node, size, cost in recorder.steps if node == "dit"]
+    assert max(cost for _, cost in dit_steps) <= cap, dit_steps
+    assert max(size for size, _ in dit_steps) >= 2  # requests did share steps
+    total_cost = sum(spec.step_tokens(p) for p in mix) * 3  # 3 steps each
+    assert sum(cost for _, cost in dit_steps) == total_cost  # every step of every request ran, none lost
+    assert len(dit_steps) >= total_cost / cap  # the rest waited for later steps
