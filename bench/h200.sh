@@ -33,26 +33,49 @@
 #
 # Knobs (environment): COMPILE_MODES (off,deterministic), ATTENTION_BACKENDS (fa3),
 # DIFFUSERS_MODES (eager), NUM_REQUESTS (serve, per level), CONCURRENCY, REQUEST_RATES, STEPS.
+#
+# Issue 8 in two calls on one warm machine (each < 8.5 min; internal `timeout` guards keep what was
+# measured: every suite phase rewrites its JSON as it ends). Wheels: every .whl/ and .whl_*/ present.
+#  call1: carry .whl_fa3 (fa3-fwd) and .whl_srv (server deps; no av, no diffusers): our DiT ms/step
+#         (wan-480p-cfg, zimage-1024-b1; deterministic, fa3), then the Z-Image serving profile.
+#  call2: carry .whl_av (PyAV; call 1's packages stay in /tmp/site): the Wan serving profile.
+# The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
+# cold request, steady c=1, high c, mixed sizes, recompiles from /metrics, same-seed parity.
+# CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = server-deps ]; then  # local: the server's requirements pinned as .venv has them
   .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click)==' | tr '\n' ' '
   exit 0
 fi
+deadline=$((SECONDS + ${CALL_BUDGET_S:-490}))  # call1/call2: everything ends (results written) by then
 out="${OUT:-$PWD/bench-results}/bench"
 mkdir -p "$out"
 
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+# call1/call2 install only their own wheel folders: a folder left by an earlier call (e.g. diffusers)
+# must not change what they measure.
+case "$phase" in
+  call1) wheel_dirs=(.whl_fa3 .whl_srv) ;;
+  call2) wheel_dirs=(.whl_av) ;;
+  *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
+esac
+wheels=()
+for wheel_dir in "${wheel_dirs[@]}"; do
+  for wheel in "$wheel_dir"/*.whl; do [ -e "$wheel" ] && wheels+=("$wheel"); done
+done
+if [ ${#wheels[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}" || exit 1
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 
 mstar() { python3 -m mstar.cli "$@"; }
+left_s() { echo $((deadline - SECONDS)); }
+now_s() { date +%s.%N; }
 
-require() {  # require MODULE...: stop with a clear list of what this phase misses
-  python3 - "$@" <<'EOF' || exit 3
+missing() {  # missing MODULE...: prints the ones this machine lacks; status 1 when any
+  python3 - "$@" <<'EOF'
 import importlib.util, sys
 missing = [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]
 if missing:
@@ -60,8 +83,10 @@ if missing:
     sys.exit(1)
 EOF
 }
+require() { missing "$@" || exit 3; }  # require MODULE...: stop with a clear list of what this phase misses
+SERVER_MODULES=(fastapi starlette uvicorn h11 click msgspec zmq httpx anyio pydantic pydantic_core python_multipart prometheus_client yaml)
 
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2> /dev/null || true
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 step_phase() {  # step_phase FAMILY WORKLOADS
@@ -73,41 +98,111 @@ step_phase() {  # step_phase FAMILY WORKLOADS
     --num-warmup 3 --num-timed 10 -o "$out/step-$1.json"
 }
 
+our_step() {  # our_step NAME WORKLOAD LIMIT_S: our DiT only (deterministic, fa3), under a time guard
+  local limit=$(($3 < $(left_s) ? $3 : $(left_s)))
+  [ "$limit" -gt 20 ] || { echo "step $1: skipped (time guard)"; return 0; }
+  timeout -k 10 "$limit" python3 -m mstar.cli bench step --workloads "$2" --compile-modes deterministic \
+    --attention-backends "${ATTENTION_BACKENDS:-fa3}" --skip-diffusers --num-warmup 2 --num-timed 5 \
+    -o "$out/step-$1.json" > "$out/step-$1.out" 2>&1
+  local status=$?
+  [ "$status" = 124 ] && echo "step $1: stopped by the time guard after ${limit}s"
+  [ "$status" != 0 ] && tail -5 "$out/step-$1.out"
+  echo "step $1: exit $status at ${SECONDS}s"
+}
+
 ready() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
 
-serve_phase() {  # serve_phase MODEL WORKLOAD COMPILE_SIZE CONCURRENCY NUM_REQUESTS [SERVER FLAG...]
-  require fastapi uvicorn msgspec zmq httpx av pydantic python_multipart prometheus_client yaml click
-  local model=$1 workload=$2 size=$3 concurrency=$4 num_requests=$5
-  shift 5
-  local port=8765 log="$out/server-$workload.log"
-  printf 'compile_sizes: ["%s"]\nmax_concurrent_requests: 16\n' "$size" > /tmp/mstar-bench.yaml
-  # python3 itself in the background (not the shell function) so that $! is the server to stop
-  python3 -m mstar.cli serve "$model" --config /tmp/mstar-bench.yaml --port "$port" "$@" > "$log" 2>&1 &
-  local server_pid=$!
-  local ready=0
-  for _ in $(seq 1 300); do  # boot: random weights, warmup compile (up to 5 minutes)
-    if ready "http://127.0.0.1:$port/ready"; then ready=1; break; fi
+server_pid=""
+start_server() {  # start_server MODEL LOG COMPILE_SIZES_JSON [SERVER FLAG...]; sets server_pid
+  local model=$1 log=$2 sizes=$3
+  shift 3
+  printf 'compile_sizes: %s\nmax_concurrent_requests: 16\n' "$sizes" > /tmp/mstar-bench.yaml
+  # its own process group (setsid), so that stopping it stops its workers too
+  setsid python3 -m mstar.cli serve "$model" --config /tmp/mstar-bench.yaml --port 8765 "$@" > "$log" 2>&1 &
+  server_pid=$!
+}
+
+stop_server() {
+  [ -n "$server_pid" ] || return 0
+  kill -TERM -- "-$server_pid" 2> /dev/null
+  for _ in $(seq 1 20); do kill -0 "$server_pid" 2> /dev/null || break; sleep 0.5; done
+  kill -KILL -- "-$server_pid" 2> /dev/null
+  wait "$server_pid" 2> /dev/null
+  server_pid=""
+}
+trap stop_server EXIT
+
+boot_s=""
+wait_ready() {  # wait_ready LOG MAX_S STARTED: sets boot_s (seconds from STARTED, a `now_s`, to /ready)
+  local log=$1 max_s=$2 started=$3
+  for _ in $(seq 1 "$max_s"); do
+    if ready "http://127.0.0.1:8765/ready"; then
+      boot_s=$(awk -v a="$started" -v b="$(now_s)" 'BEGIN { printf "%.1f", b - a }')
+      echo "server ready after ${boot_s}s (at ${SECONDS}s)"
+      return 0
+    fi
     kill -0 "$server_pid" 2> /dev/null || break
     sleep 1
   done
-  if [ "$ready" != 1 ]; then
-    echo "server did not become ready; last lines of $log:"; tail -30 "$log"
-    kill "$server_pid" 2> /dev/null; exit 4
-  fi
-  echo "server ready after ${SECONDS}s"
+  echo "server not ready (waited up to ${max_s}s; at ${SECONDS}s); last lines of $log:"
+  tr '\r' '\n' < "$log" | tail -30
+  return 4
+}
+
+suite_phase() {  # suite_phase MODEL WORKLOAD COMPILE_SIZES_JSON RESERVE_S SUITE_ARG... -- SERVER_FLAG...
+  local model=$1 workload=$2 sizes=$3 reserve_s=$4 suite_args=() log="$out/server-$2.log" started
+  shift 4
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do suite_args+=("$1"); shift; done
+  shift
+  missing "${SERVER_MODULES[@]}" || return 3
+  started=$(now_s)
+  start_server "$model" "$log" "$sizes" "$@"
+  wait_ready "$log" $(($(left_s) - reserve_s)) "$started" || { stop_server; return 4; }
+  local limit=$(($(left_s) - 15))  # 15 s to stop the server and print
+  timeout -k 5 "$limit" python3 -m mstar.cli bench serve-suite --base-url http://127.0.0.1:8765 \
+    --workload "$workload" --model "$model" --boot-s "$boot_s" --max-duration $((limit - 10)) \
+    "${suite_args[@]}" -o "$out/suite-$workload.json" > "$out/suite-$workload.out" 2>&1
+  local status=$?
+  [ "$status" = 124 ] && echo "suite $workload: stopped by the time guard after ${limit}s (phases done are in the JSON)"
+  [ "$status" != 0 ] && tail -5 "$out/suite-$workload.out"
+  echo "recompile warnings in the server log: $(grep -c 'recompiled' "$log")"
+  stop_server
+  echo "suite $workload: exit $status at ${SECONDS}s"
+  return $status
+}
+
+serve_phase() {  # serve_phase MODEL WORKLOAD COMPILE_SIZE CONCURRENCY NUM_REQUESTS [SERVER FLAG...]
+  require "${SERVER_MODULES[@]}" av
+  local model=$1 workload=$2 size=$3 concurrency=$4 num_requests=$5 log="$out/server-$2.log" started
+  shift 5
+  started=$(now_s)
+  start_server "$model" "$log" "[\"$size\"]" "$@"
+  wait_ready "$log" 300 "$started" || { stop_server; exit 4; }  # boot: random weights, warmup compile
   local steps_flag=()
   [ -n "${STEPS:-}" ] && steps_flag=(--steps "$STEPS")
   local workload_flag=(--workload "$workload")
   [ "$workload" = tiny-digits ] && workload_flag=(--kind image)  # its one size is the model's default
-  mstar bench serve --base-url "http://127.0.0.1:$port" "${workload_flag[@]}" --model "$model" \
+  mstar bench serve --base-url "http://127.0.0.1:8765" "${workload_flag[@]}" --model "$model" \
     --concurrency "${CONCURRENCY:-$concurrency}" --request-rate "${REQUEST_RATES:-}" \
     --num-requests "${NUM_REQUESTS:-$num_requests}" --num-warmup 1 "${steps_flag[@]}" -o "$out/serve-$workload.json"
   local status=$?
-  kill "$server_pid"; wait "$server_pid" 2> /dev/null
+  stop_server
   return $status
 }
 
+gpu_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKENDS:-fa3}" --compile-mode deterministic)
 case "$phase" in
+  call1)
+    missing "${SERVER_MODULES[@]}"  # said first: the serve phase at the end needs them
+    our_step wan-cfg wan-480p-cfg "${STEP_WAN_S:-130}"
+    our_step zimage-b1 zimage-1024-b1 "${STEP_ZIMAGE_S:-100}"
+    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
+      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
+      -- "${gpu_flags[@]}" ;;
+  call2)
+    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 60 \
+      --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 4 --num-mixed 8 \
+      -- "${gpu_flags[@]}" ;;
   baseline)
     require diffusers
     mstar bench diffusers --workloads wan-480p-t2v,zimage-1024 --modes "${DIFFUSERS_MODES:-eager,compiled}" \
@@ -118,17 +213,16 @@ case "$phase" in
       -o "$out/diffusers-720p.json" ;;
   step-wan) step_phase wan wan-480p-b1,wan-480p-cfg,wan-480p-c4,wan-720p-b1 ;;
   step-zimage) step_phase zimage zimage-1024-b1,zimage-1024-c4 ;;
-  serve-wan | serve-zimage)
-    gpu_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKENDS:-fa3}" --compile-mode deterministic)
-    if [ "$phase" = serve-wan ]; then
-      serve_phase wan2.2-ti2v-5b wan-480p-t2v 832x480x33 1,2,4 4 "${gpu_flags[@]}"
-    else
-      serve_phase z-image-turbo zimage-1024 1024x1024 1,4,8 8 "${gpu_flags[@]}"
-    fi ;;
-  serve-tiny) serve_phase tiny-digits tiny-digits 256x256 1,2 4 --device cpu ;;  # CPU smoke test of this script
+  serve-wan) serve_phase wan2.2-ti2v-5b wan-480p-t2v 832x480x33 1,2,4 4 "${gpu_flags[@]}" ;;
+  serve-zimage) serve_phase z-image-turbo zimage-1024 1024x1024 1,4,8 8 "${gpu_flags[@]}" ;;
+  serve-tiny)  # CPU check of this script's plumbing: the suite (a size list of one), then the classic serve
+    suite_phase tiny-digits tiny-digits '["256x256"]' 10 --kind image --size 256x256 --sizes 256x256 \
+      --steps 4 --num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 2 --company-sizes 256x256 \
+      -- --device cpu && serve_phase tiny-digits tiny-digits 256x256 1,2 4 --device cpu ;;
   *) echo "unknown phase '$phase'" >&2; exit 2 ;;
 esac
 status=$?
 echo "== $phase: exit $status, ${SECONDS}s; results in $out"
-for table in "$out"/*.md; do [ -e "$table" ] && { echo; cat "$table"; }; done
+echo
+mstar bench table "$out"
 exit $status

@@ -67,7 +67,10 @@ def _suite_parser(sub: Any) -> None:
         "serve-suite", help="issue 8 profile: cold vs steady, c=1 vs high c, mixed sizes, recompiles, parity"
     )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--workload", choices=sorted(E2E_WORKLOADS), help="fills kind, size, steps, guidance")
+    parser.add_argument(
+        "--workload",
+        help=f"the result's name; one of {sorted(E2E_WORKLOADS)} fills kind, size, steps, guidance",
+    )
     parser.add_argument("--kind", choices=["image", "video"])
     parser.add_argument("--model", help="the `model` field sent (default: none)")
     parser.add_argument("--size", help="WxH of every request but the mixed run's (default: first of --sizes)")
@@ -112,6 +115,7 @@ def _step_parser(sub: Any) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="tiny configs (CPU tests)")
     parser.add_argument("--skip-ours", action="store_true")
+    parser.add_argument("--skip-diffusers", action="store_true", help="ours alone (seeded init, no parity)")
     _add_output(parser, "step")
 
 
@@ -168,7 +172,7 @@ def _serve_options(args: argparse.Namespace):
     if not isinstance(extra_body, dict):
         raise SystemExit("--extra-body must be a JSON object")
     kind, size = args.kind, args.size
-    if args.workload:
+    if args.workload in E2E_WORKLOADS:
         workload = E2E_WORKLOADS[args.workload]
         kind = kind or workload.kind
         size = size or f"{workload.width}x{workload.height}"
@@ -232,7 +236,7 @@ def _run(args: argparse.Namespace, argv: list[str], write: Any) -> dict[str, Any
             "num_warmup",
             "num_timed",
         )
-        names += ("device", "dtype", "seed", "tiny", "skip_ours")
+        names += ("device", "dtype", "seed", "tiny", "skip_ours", "skip_diffusers")
         return run_step_benchmark(StepOptions(**{n: getattr(args, n) for n in names}))
     from mstar.bench.pipelines import PipelineOptions, run_pipeline_benchmark
 

@@ -33,6 +33,7 @@ class StepOptions:
     seed: int = 0
     tiny: bool = False  # tiny configs (CPU tests)
     skip_ours: bool = False
+    skip_diffusers: bool = False  # ours alone even where diffusers is importable (no parity check)
 
 
 def time_forward(fn: Callable[[], Any], num_warmup: int, num_timed: int, device: str) -> dict[str, Any]:
@@ -250,7 +251,9 @@ def run_step_benchmark(options: StepOptions) -> dict[str, Any]:
     for family, names in families.items():
         configs = configs_for(family, tiny=options.tiny)
         cases = [_make_case(name, configs, options) for name in names]
-        state_dict = _run_diffusers(family, configs, cases, options, notes)
+        state_dict = (
+            None if options.skip_diffusers else _run_diffusers(family, configs, cases, options, notes)
+        )
         if not options.skip_ours:
             _run_ours(family, configs, cases, options, notes, state_dict)
         entries.update({case.workload.name: case.entry for case in cases})
