@@ -101,6 +101,7 @@ class ZImageDiT(nn.Module):
         self.rope = RopeTables(config.rope_theta, config.axes_dims, config.axes_lens)
         self._key = key
         self._run_layers = self._layer_stack
+        self._run_noise_refiner = self._noise_refiner_stack
 
     @classmethod
     def from_config(cls, config: DiTConfig | dict) -> ZImageDiT:
@@ -120,21 +121,30 @@ class ZImageDiT(nn.Module):
         return all(block.attention.fused for block in self.layers)
 
     def compile_layers(self, mode: str) -> None:
-        """Compile the main layer stack once with the pack length dynamic (engine compile modes)."""
+        """Compile the main layer stack and the noise refiner (image tokens: eager it is a dozen
+        memory-bound passes per layer over [T, dim]) once each, pack length dynamic. The context
+        refiner stays eager: captions are short and their lengths would tie to table sizes."""
         from mstar.engine.compile import CompiledFunction
 
         if mode == "off":
-            self._run_layers = self._layer_stack
+            self._run_layers, self._run_noise_refiner = self._layer_stack, self._noise_refiner_stack
             return
         self._run_layers = CompiledFunction(self._layer_stack, mode, "zimage.dit.layers")
+        self._run_noise_refiner = CompiledFunction(
+            self._noise_refiner_stack, mode, "zimage.dit.noise_refiner"
+        )
+
+    def _compiled_parts(self) -> list:
+        return [self._run_layers, self._run_noise_refiner]
 
     def finish_warmup(self) -> None:
-        if hasattr(self._run_layers, "finish_warmup"):
-            self._run_layers.finish_warmup()
+        for part in self._compiled_parts():
+            if hasattr(part, "finish_warmup"):
+                part.finish_warmup()
 
     @property
     def num_recompiles(self) -> int:
-        return getattr(self._run_layers, "num_recompiles", 0)
+        return sum(getattr(part, "num_recompiles", 0) for part in self._compiled_parts())
 
     # ---- geometry and host-side layout ---------------------------------------------------------
     def geometry(self, item: DiTInput) -> ItemGeometry:
@@ -205,8 +215,7 @@ class ZImageDiT(nn.Module):
         item_emb = self.t_embedder(timesteps * self.config.t_scale).to(dtype)  # [num_items, adaln_dim]
 
         x, x_rope, x_item, cap, cap_rope = self._embed(items, geos, dtype, device)
-        for layer in self.noise_refiner:
-            x = layer(x, x_rope, attn, IMAGE_REFINER_LABEL, item_emb, x_item)
+        x = self._run_noise_refiner(x, x_rope[0], x_rope[1], item_emb, x_item, attn)
         for layer in self.context_refiner:
             cap = layer(cap, cap_rope, attn, TEXT_REFINER_LABEL)
 
@@ -214,6 +223,12 @@ class ZImageDiT(nn.Module):
         unified = self._run_layers(unified, rope[0], rope[1], item_emb, token_item, attn)
         outputs = self._split_outputs(unified, geos)
         return [out.unsqueeze(1) if item.frame_dim else out for out, item in zip(outputs, items, strict=True)]
+
+    def _noise_refiner_stack(self, x, cos, sin, item_emb, x_item, attn) -> torch.Tensor:
+        """Noise refiner over the packed image tokens [sum Nx, dim]."""
+        for layer in self.noise_refiner:
+            x = layer(x, (cos, sin), attn, IMAGE_REFINER_LABEL, item_emb, x_item)
+        return x
 
     def _layer_stack(self, unified, cos, sin, item_emb, token_item, attn) -> torch.Tensor:
         """Main layers and final layer over the packed [image_i, caption_i] tokens [T, dim]."""

@@ -57,14 +57,19 @@ def test_fused_equals_unfused_and_drops_separate_projections(unfused_and_fused):
 
 
 def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused):
+    """The main stack and the noise refiner (both compiled in serving) trace as one graph each."""
     _, eager = unfused_and_fused
     model = copy.deepcopy(eager)
-    counter = CompileCounterWithBackend("aot_eager")
-    model._run_layers = torch.compile(model._layer_stack, backend=counter, fullgraph=True, dynamic=True)
+    counters = [CompileCounterWithBackend("aot_eager") for _ in range(2)]
+    model._run_layers = torch.compile(model._layer_stack, backend=counters[0], fullgraph=True, dynamic=True)
+    model._run_noise_refiner = torch.compile(
+        model._noise_refiner_stack, backend=counters[1], fullgraph=True, dynamic=True
+    )
     # Two items each time: one item broadcasts its modulation row (a second graph by design).
     for sizes in ([(8, 8, 4), (6, 10, 9)], [(12, 8, 40), (8, 16, 3)]):
         items = _items(sizes, seed=len(sizes[0]))
         for want, got in zip(_run(eager, items), _run(model, items), strict=True):
             torch.testing.assert_close(got, want)
-    graphs = [graph for graph in counter.graphs if len(graph.graph.nodes) > 0]  # dynamo adds an empty one
-    assert len(graphs) == 1  # a new pack length reuses the graph
+    for counter in counters:
+        graphs = [graph for graph in counter.graphs if len(graph.graph.nodes) > 0]  # dynamo adds an empty one
+        assert len(graphs) == 1  # a new pack length reuses the graph
