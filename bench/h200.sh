@@ -159,6 +159,7 @@ suite_phase() {  # suite_phase MODEL WORKLOAD COMPILE_SIZES_JSON RESERVE_S SUITE
   start_server "$model" "$log" "$sizes" "$@"
   wait_ready "$log" $(($(left_s) - reserve_s)) "$started" || { stop_server; return 4; }
   local limit=$(($(left_s) - 15))  # 15 s to stop the server and print
+  [ "$limit" -gt 20 ] || { echo "suite $workload: no time left"; stop_server; return 5; }
   timeout -k 5 "$limit" python3 -m mstar.cli bench serve-suite --base-url http://127.0.0.1:8765 \
     --workload "$workload" --model "$model" --boot-s "$boot_s" --max-duration $((limit - 10)) \
     "${suite_args[@]}" -o "$out/suite-$workload.json" > "$out/suite-$workload.out" 2>&1

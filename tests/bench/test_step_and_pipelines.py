@@ -134,3 +134,44 @@ def test_fuse_projections_switch(monkeypatch):
     monkeypatch.setenv("MSTAR_FUSE_PROJECTIONS", "yes")
     with pytest.raises(ValueError, match="MSTAR_FUSE_PROJECTIONS"):
         fuse_projections_enabled("cuda")
+
+
+def test_step_skip_diffusers_times_ours_alone_even_where_importable(tmp_path):
+    if not _ours_importable("mstar.models.zimage.dit"):
+        pytest.skip("our Z-Image DiT has not landed")
+    pytest.importorskip("diffusers")
+    output = tmp_path / "step.json"
+    argv = ["step", "--tiny", "--workloads", "tiny-zimage-c2", "--device", "cpu", "--dtype", "float32"]
+    argv += ["--compile-modes", "off", "--attention-backends", "torch", "--skip-diffusers"]
+    assert main([*argv, "--num-warmup", "1", "--num-timed", "1", "-o", str(output)]) == 0
+    (entry,) = json.loads(output.read_text())["results"]
+    assert [(r["impl"], r["rel_error"]) for r in entry["runs"]] == [("mstar", None)]
+
+
+def test_serve_suite_command_fills_the_workload_and_table_prints_it(tmp_path, capsys):
+    output = tmp_path / "suite-wan.json"
+    with FakeServer(FakeBehaviour(video_duration_s=0.1)) as server:
+        argv = ["serve-suite", "--base-url", server.url, "--workload", "wan-480p-t2v", "--boot-s", "12.5"]
+        argv += [
+            "--sizes",
+            "832x480,480x832",
+            "--num-steady",
+            "2",
+            "--num-high",
+            "2",
+            "--high-concurrency",
+            "2",
+        ]
+        assert main([*argv, "--num-mixed", "2", "--poll-interval", "0.02", "-o", str(output)]) == 0
+    result = json.loads(output.read_text())
+    serve = result["options"]["serve"]
+    assert (serve["kind"], serve["size"], serve["sizes"]) == ("video", "832x480", ["832x480", "480x832"])
+    assert serve["num_inference_steps"] == 50 and serve["extra_body"]["num_frames"] == 33
+    assert [r["size"] for r in result["phases"]["mixed"]["requests"]] == ["832x480", "480x832"]
+    assert [r["size"] for r in result["phases"]["c2"]["requests"]] == ["832x480", "832x480"]
+    assert (
+        result["summary"]["boot_s"] == 12.5 and result["summary"]["recompiles_in_traffic"] is None
+    )  # no /metrics
+    assert main(["table", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "### serve-suite: wan-480p-t2v" in printed and "| c=2 / c=1 throughput |" in printed
