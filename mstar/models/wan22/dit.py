@@ -124,16 +124,31 @@ class WanDiT(nn.Module):
         step = self.pack(items)
         attention.plan("self", AttentionLayout.self_attention(step.token_counts))
         attention.plan("cross", AttentionLayout.cross_attention(step.token_counts, step.text_counts))
-        hidden = self._layers(
-            step.tokens, step.text, step.modulation_rows, step.row_index, step.rotary, attention
+        patches = self._layers(
+            step.tokens,
+            step.text,
+            step.modulation_rows,
+            step.temb_rows,
+            step.row_index,
+            step.rotary,
+            attention,
         )
-        return self.unpack(hidden, step)
+        return self.unpack(patches, step)
 
-    def run_layers(self, tokens, text, modulation_rows, row_index, rotary, attention) -> torch.Tensor:
-        """The layer stack over packed tokens [T, dim] (the part worth compiling, T dynamic)."""
+    def run_layers(
+        self, tokens, text, modulation_rows, temb_rows, row_index, rotary, attention
+    ) -> torch.Tensor:
+        """The layer stack and output head over packed tokens [T, dim] -> [T, p_t*p_h*p_w*C]
+        (the part worth compiling, T dynamic: the head's norm and modulation fuse there too)."""
         for block in self.blocks:
             tokens = block(tokens, text, modulation_rows, row_index, rotary, attention)
-        return tokens
+        return self.output_head(tokens, temb_rows, row_index)
+
+    def output_head(self, hidden, temb_rows, row_index) -> torch.Tensor:
+        """Final norm with per-row shift/scale, then proj_out: [T, dim] -> [T, p_t*p_h*p_w*C]."""
+        shift, scale = (self.scale_shift_table + temb_rows.unsqueeze(1)).unbind(1)  # [R, dim] each
+        modulated = fp32_layer_norm(hidden, self.config.eps) * (1 + scale[row_index]) + shift[row_index]
+        return self.proj_out(modulated.type_as(hidden))
 
     def pack(self, items: list[DiTInput]) -> PackedStep:
         if not items:
@@ -195,13 +210,10 @@ class WanDiT(nn.Module):
             indices.append(index)
         return torch.tensor(timesteps, dtype=torch.float32), torch.cat(indices)
 
-    def unpack(self, hidden: torch.Tensor, step: PackedStep) -> list[torch.Tensor]:
-        shift, scale = (self.scale_shift_table + step.temb_rows.unsqueeze(1)).unbind(1)  # [R, dim] each
-        shift, scale = shift[step.row_index], scale[step.row_index]
-        hidden = (fp32_layer_norm(hidden, self.config.eps) * (1 + scale) + shift).type_as(hidden)
-        hidden = self.proj_out(hidden)  # [T, p_t*p_h*p_w*C]
+    def unpack(self, patches: torch.Tensor, step: PackedStep) -> list[torch.Tensor]:
+        """Output head's patches [T, p_t*p_h*p_w*C] -> one [C, F, H, W] per item."""
         outputs = []
-        for tokens, grid in zip(torch.split(hidden, list(step.token_counts)), step.grids, strict=True):
+        for tokens, grid in zip(torch.split(patches, list(step.token_counts)), step.grids, strict=True):
             outputs.append(self._unpatchify(tokens, grid))
         return outputs
 
