@@ -201,9 +201,12 @@ class VaeDecodeRunner:
         x = latents.to(self.device, self.dtype)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
+        # Each chunk copied to canonical strides: a slice's batch stride depends on the clip length,
+        # and compiled steps guard on it (one recompile per clip length otherwise).
+        memory_format = torch.channels_last_3d if self.channels_last else torch.contiguous_format
         tails = None
         for start, stop in chunk_bounds(x.shape[2], self.chunk_latent_frames):
-            output, tails = step(x[:, :, start:stop], tails)
+            output, tails = step(x[:, :, start:stop].clone(memory_format=memory_format), tails)
             yield output
 
     def _step_video(self, x: torch.Tensor, tails: list[torch.Tensor] | None):

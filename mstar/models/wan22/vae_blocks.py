@@ -18,6 +18,20 @@ from torch import nn
 CACHE_T = 2  # frames a kernel-3 causal conv needs from the previous chunk
 
 
+def frame_memory_format(x: torch.Tensor) -> torch.memory_format:
+    """channels_last_3d when x [B, C, T, H, W] keeps channels innermost, else contiguous."""
+    return torch.channels_last_3d if x.stride(1) == 1 and x.shape[1] > 1 else torch.contiguous_format
+
+
+def copy_frames(x: torch.Tensor) -> torch.Tensor:
+    """A copy of x [B, C, T, H, W] with the canonical strides of its memory format.
+
+    Why: a plain clone keeps a slice's strides, whose size-1 batch stride depends on the chunk
+    length; torch.compile guards on it, so every chunk length / clip length would recompile.
+    """
+    return x.clone(memory_format=frame_memory_format(x))
+
+
 class FrameCache:
     """Tail frames each causal conv hands from one chunk to the next, in call order.
 
@@ -65,7 +79,7 @@ class CausalConv3d(nn.Conv3d):
         else:
             x = torch.cat([previous, x], dim=2)
         if cache is not None:
-            cache.write(x[:, :, -self.time_pad :].clone())
+            cache.write(copy_frames(x[:, :, -self.time_pad :]))
         return super().forward(x)
 
 
@@ -133,7 +147,10 @@ class Resample(nn.Module):
         b, c, t, h, w = x.shape
         if cache.first_chunk:
             # The first latent frame decodes to one frame: no temporal doubling (diffusers' "Rep").
-            cache.write(x.new_zeros(b, c, CACHE_T, h, w))
+            zeros = torch.empty(
+                b, c, CACHE_T, h, w, dtype=x.dtype, device=x.device, memory_format=frame_memory_format(x)
+            )
+            cache.write(zeros.zero_())  # the same strides as the later chunks' tails: one steady graph
             return x
         x = self.time_conv(x, cache)  # [B, 2C, T, H, W]: channel halves are the two output frames
         x = x.reshape(b, 2, c, t, h, w)
@@ -142,7 +159,7 @@ class Resample(nn.Module):
 
     def _downsample_time(self, x: torch.Tensor, cache: FrameCache) -> torch.Tensor:
         previous = cache.read()
-        cache.write(x[:, :, -1:].clone())
+        cache.write(copy_frames(x[:, :, -1:]))
         if previous is None:
             return x  # the first frame stands alone
         return self.time_conv(torch.cat([previous, x], dim=2))

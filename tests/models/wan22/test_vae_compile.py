@@ -109,10 +109,14 @@ def test_vae_steps_compile_without_comprehensive_padding(decoder_bf16, monkeypat
 
 def test_compiled_function_extra_options_reach_inductor(monkeypatch):
     """A misaligned 1320-element stride is padded by default (CPU padding switched on) and not with the patch."""
+    import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
     from torch._inductor import metrics
 
     monkeypatch.setattr(inductor_config, "disable_padding_cpu", False)
+    # a cached compile skips lowering, hence the padding count
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
 
     def many_reductions(x):
         y = torch.sin(x) * torch.cos(x) + torch.exp(x)  # realised: read by six reductions
@@ -130,3 +134,22 @@ def test_compiled_function_extra_options_reach_inductor(monkeypatch):
             assert torch.allclose(ours, expected, rtol=1e-4, atol=1e-5)
         num_paddings.append(metrics.num_comprehensive_padding)
     assert num_paddings[0] > 0 and num_paddings[1] == 0
+
+
+def test_two_graphs_serve_every_clip_length(decoder_bf16):
+    """First chunk + steady chunk; images and other clip lengths reuse them (no traffic recompiles)."""
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    runner = VaeDecodeRunner(
+        copy.deepcopy(decoder_bf16), channels_last=True, compile_backend=counting_backend
+    )
+    torch._dynamo.reset()
+    for num_latent_frames in (4, 1, 2, 5):
+        latents = torch.randn(1, 4, num_latent_frames, 2, 3)
+        frames = runner.decode_fast_uint8(latents)
+        assert frames.shape == (1 + 4 * (num_latent_frames - 1), 32, 48, 3)
+    assert len(graphs) == 2
