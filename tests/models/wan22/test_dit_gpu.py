@@ -38,7 +38,10 @@ def test_real_size_dit_matches_diffusers_in_bf16():
     attention = build_attention("auto", device, dtype)
     with torch.inference_mode():
         packed = ours(items, attention)
-        for item, out in zip(items, packed, strict=True):
+        ours.fuse_projections()  # theirs keeps the separate tensors (assign=True shared them)
+        fused = ours(items, attention)
+        for item, out, out_fused in zip(items, packed, fused, strict=True):
+            assert _relative_error(out_fused, out) <= MAX_RELATIVE_ERROR
             num_tokens = ours.num_tokens(tuple(latents.shape))
             timestep = torch.full((1, num_tokens), item.timestep, device=device)
             expected = theirs(latents[None].to(dtype), timestep, item.text[None], return_dict=False)[0][0]

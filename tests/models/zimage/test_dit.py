@@ -131,5 +131,9 @@ def test_real_size_bf16_matches_diffusers_at_1024():
         expected = reference(
             [latents.unsqueeze(1)], torch.tensor([0.5], device=device), [caption], return_dict=False
         )[0]
-        got = ours([item], build_attention("auto", device, torch.bfloat16))
+        attn = build_attention("auto", device, torch.bfloat16)
+        got = ours([item], attn)
+        ours.fuse_projections()  # the reference keeps the separate tensors (assign=True shared them)
+        got_fused = ours([item], attn)
     assert relative_error(got[0], expected[0].squeeze(1)) <= 2e-2
+    assert relative_error(got_fused[0], expected[0].squeeze(1)) <= 2e-2
