@@ -24,10 +24,10 @@ DIGITS_BODY = {
 }  # fmt: skip
 
 
-def png_from_a_fresh_server() -> bytes:
-    process = start_serve("tiny-digits", "--port", "0")
+def png_from_a_fresh_server(*flags: str, boot_timeout_s: float = TIMEOUT_S) -> bytes:
+    process = start_serve("tiny-digits", "--port", "0", *flags)
     try:
-        lines = read_until(process.stdout, "mstar: serving", timeout_s=TIMEOUT_S)
+        lines = read_until(process.stdout, "mstar: serving", timeout_s=boot_timeout_s)
         base_url = lines[-1].split(" on ")[1].split()[0]
         response = httpx.post(f"{base_url}/v1/images/generations", json=DIGITS_BODY, timeout=TIMEOUT_S)
         assert response.status_code == 200, response.text
@@ -40,6 +40,17 @@ def png_from_a_fresh_server() -> bytes:
 def test_two_fresh_mstar_serve_processes_give_the_same_png_bytes():
     first, second = png_from_a_fresh_server(), png_from_a_fresh_server()
     assert first[:8] == b"\x89PNG\r\n\x1a\n"
+    assert first == second
+
+
+@pytest.mark.gpu
+def test_two_fresh_servers_on_cuda_compiled_deterministic_give_the_same_png_bytes():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    flags = ("--device", "cuda", "--compile-mode", "deterministic")
+    first, second = (png_from_a_fresh_server(*flags, boot_timeout_s=300.0) for _ in range(2))
     assert first == second
 
 
