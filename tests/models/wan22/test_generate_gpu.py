@@ -36,6 +36,7 @@ def test_random_weights_text_to_video_on_gpu():
     requests = [
         RequestState(f"r{i}", spec.validate(GenerationParams(**f, seed=i))) for i, f in enumerate(fields)
     ]
+    assert nodes["dit"].denoiser.dit.projections_fused  # ServerConfig.fuse_projections: on for CUDA
     _run_stage(nodes["text_encoder"], requests)
     for stage in spec.walks["t2v"].stages:
         _run_stage(nodes[stage.node if isinstance(stage, Loop) else stage], requests)

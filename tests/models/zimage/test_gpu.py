@@ -45,6 +45,7 @@ def make_request(spec, request_id, **fields):
 
 def test_real_size_random_weights_generate_packed_requests():
     spec, nodes = real_nodes("off", warmup=False)
+    assert nodes["dit"].denoiser.dit.projections_fused  # ServerConfig.fuse_projections: on for CUDA
     plain = make_request(
         spec, "a", prompt="a lighthouse at dusk", width=512, height=512, num_inference_steps=2, seed=1
     )
