@@ -64,6 +64,19 @@ def test_zimage_spec_tokens_bound_the_nodes_step_cost(guidance):
     assert node.step_cost(short) < spec.step_tokens(params)
 
 
+def test_zimage_step_cost_counts_a_long_negative_prompt():
+    node = build_dit(ZImageSpec(TINY))
+    params = {"prompt": "p", "negative_prompt": "n", "width": 96, "height": 64, "seed": 1}
+    params |= {"num_inference_steps": 2, "guidance_scale": 4.0}
+    request = make_request("r", params, TINY.dit.cap_feat_dim, 0)
+    request.tensors["negative_prompt_embeds"] = request.tensors["prompt_embeds"].new_zeros(
+        100, TINY.dit.cap_feat_dim
+    )  # [100 caption tokens, D]: longer than the 7-token prompt
+    num_image = (64 // 4) * (96 // 4)  # tiny VAE 2x, patch 2: 384 tokens, a multiple of 32
+    sent = (num_image + 32) + (num_image + 128)  # each label: image + its caption padded to 32
+    assert node.step_cost(request) >= sent
+
+
 def test_tiny_digits_spec_tokens_are_the_nodes_step_cost():
     spec, node = tiny_digits_dit()
     for guidance in (3.5, 1.0):

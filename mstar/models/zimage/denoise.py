@@ -90,13 +90,17 @@ class ZImageHooks:
         )
         patch = self.config.dit.patch_size
         num_image = padded_len((height // patch) * (width // patch))
-        num_tokens = num_image + padded_len(request.tensors[PROMPT_EMBEDS].shape[0])
+        use_guidance = uses_guidance(params)
+        # Each label is image + its own caption; the longer caption bounds both, so the step cost
+        # (num_tokens x labels) never undercounts a long negative prompt against max_tokens_per_step.
+        captions = [PROMPT_EMBEDS, NEGATIVE_PROMPT_EMBEDS] if use_guidance else [PROMPT_EMBEDS]
+        num_tokens = num_image + max(padded_len(request.tensors[key].shape[0]) for key in captions)
         return DenoiseStart(
             latents=latents,
             sampler=sampler,
             num_tokens=num_tokens,
             guidance_scale=float(params.get("guidance_scale") or 0.0),
-            use_guidance=uses_guidance(params),
+            use_guidance=use_guidance,
         )
 
     def text(self, request: RequestState, label: str) -> torch.Tensor:
