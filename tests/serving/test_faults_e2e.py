@@ -85,3 +85,28 @@ def test_torch_out_of_memory_error_is_recognised_and_release_is_safe_without_cud
     assert is_out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     release_cached_memory()  # no CUDA here: must not initialise it or raise
     assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_out_of_memory_is_recognised_and_its_memory_given_back():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    held_bytes = 2 * 1024**3
+
+    def step_that_runs_out() -> None:
+        activations = torch.empty(held_bytes, dtype=torch.uint8, device="cuda")  # freed with the frame
+        activations.add_(1)
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # a petabyte: out of memory
+
+    reserved_before = torch.cuda.memory_reserved()
+    try:
+        step_that_runs_out()
+    except Exception as error:  # noqa: BLE001 - the step loop's catch-all, as in _run_forward
+        recognised = is_out_of_memory(error)
+    assert recognised
+    assert torch.cuda.memory_reserved() >= reserved_before + held_bytes  # cached by the allocator
+    release_cached_memory()
+    assert torch.cuda.memory_reserved() < reserved_before + held_bytes
+    torch.empty(held_bytes, dtype=torch.uint8, device="cuda")  # and the device serves again
