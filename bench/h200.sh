@@ -57,7 +57,10 @@ mkdir -p "$out"
 # must not change what they measure.
 case "$phase" in
   call1) wheel_dirs=(.whl_fa3 .whl_srv) ;;
-  call2) wheel_dirs=(.whl_av) ;;
+  call2)  # call 1's packages stay in /tmp/site while the machine is held; a fresh one needs them again
+    wheel_dirs=(.whl_av)
+    [ -d /tmp/site/fastapi ] || wheel_dirs+=(.whl_srv)
+    compgen -G "/tmp/site/fa3_fwd*.dist-info" > /dev/null || wheel_dirs+=(.whl_fa3) ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
 wheels=()
