@@ -22,13 +22,18 @@ chunks are two graphs per resolution, compiled at warmup. On CPU compiling is tu
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
+logger = logging.getLogger(__name__)
+
 DecodePath = Literal["auto", "plain", "fast"]
+MIN_FAST_PATH_PSNR_DB = 40.0  # fast vs plain uint8 frames: bf16 kernel differences stay far above this
 
 # Inductor's comprehensive padding (GPU only) pads the strides of contiguous intermediates to
 # 128 bytes. In torch 2.11 a Conv3d decoder whose upsampled H*W stride is misaligned then reads a
@@ -73,6 +78,12 @@ def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
     # fp32 arithmetic: bf16 has a step of 1.0 between 128 and 256, which would bias the rounding.
     pixels = ((video.float().clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
     return pixels.permute(0, 2, 3, 4, 1)
+
+
+def uint8_psnr_db(frames: torch.Tensor, reference: torch.Tensor) -> float:
+    """PSNR of uint8 frames against reference frames of the same shape (inf when equal)."""
+    mse = (frames.float() - reference.float()).pow(2).mean().item()
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
 def convert_to_channels_last(module: nn.Module) -> nn.Module:
@@ -174,6 +185,24 @@ class VaeDecodeRunner:
         with torch.inference_mode():
             chunks = list(self._run_chunks(self._as_clip(latents), self._video_step))
             return torch.cat(chunks, dim=2)
+
+    def verify_fast_path(self, latents: torch.Tensor, min_psnr_db: float = MIN_FAST_PATH_PSNR_DB) -> float:
+        """PSNR (dB) of the fast path's frames against the plain eager decode of `latents`.
+
+        Below `min_psnr_db` (a miscompile: torch 2.11 gave 14.5 dB) the fast path falls back to the
+        eager step, with an error logged, so wrong frames are never served. Call at warmup with
+        random latents (zeros decode to near-flat frames that hide layout bugs).
+        """
+        psnr_db = uint8_psnr_db(self.decode_fast_uint8(latents), self.decode_plain_uint8(latents))
+        if psnr_db < min_psnr_db:
+            logger.error(
+                "VAE fast decode (compile_mode=%s) disagrees with the plain decode: PSNR %.1f dB "
+                "< %.1f dB; decoding clips uncompiled from now on",
+                self.compile_mode, psnr_db, min_psnr_db,
+            )  # fmt: skip
+            self.compile_mode = "off"
+            self._uint8_step, self._video_step = self._step_uint8, self._step_video
+        return psnr_db
 
     def finish_warmup(self) -> None:
         """After warmup decodes: a compile from now on is a recompile (logged, counted)."""

@@ -153,3 +153,25 @@ def test_two_graphs_serve_every_clip_length(decoder_bf16):
         frames = runner.decode_fast_uint8(latents)
         assert frames.shape == (1 + 4 * (num_latent_frames - 1), 32, 48, 3)
     assert len(graphs) == 2
+
+
+def test_verify_fast_path_falls_back_from_a_miscompile(decoder_bf16, clip_latents, caplog):
+    """A compiled step that computes garbage (as torch 2.11 did) is caught and replaced by eager."""
+
+    def miscompiling_backend(graph_module, example_inputs):
+        def run(*args):
+            outputs = graph_module.forward(*args)
+            return [o.flip(-2) if o.dtype == torch.uint8 else o for o in outputs]  # wrong frames
+
+        return run
+
+    runner = VaeDecodeRunner(copy.deepcopy(decoder_bf16), compile_backend=miscompiling_backend)
+    good = VaeDecodeRunner(copy.deepcopy(decoder_bf16), compile_backend="aot_eager")
+    torch._dynamo.reset()
+    latents = clip_latents[:, :, :2]
+    assert good.verify_fast_path(latents) >= 40.0
+    with caplog.at_level("ERROR", logger="mstar.diffusion.vae_decode"):
+        assert runner.verify_fast_path(latents) < 40.0
+    assert "disagrees with the plain decode" in caplog.text
+    assert runner.compile_mode == "off"
+    assert torch.equal(runner.decode_fast_uint8(latents), runner.decode_plain_uint8(latents))
