@@ -17,7 +17,10 @@ Compile modes are mstar.engine.compile's: "off" | "deterministic" | "default" | 
 tuning off, `inductor.config.deterministic` where this torch has it), so every worker runs the same
 kernels; convolutions stay on cuDNN's heuristic algorithm choice (torch.backends.cudnn.benchmark
 stays off). Shapes are compiled static (`dynamic=False`): the first chunk and the steady-state
-chunks are two graphs per resolution, compiled at warmup. On CPU compiling is turned off.
+chunks are two graphs per resolution, compiled at warmup (chunk inputs and frame tails carry
+canonical strides, so every clip length reuses them). Inductor's comprehensive padding is off for
+the VAE (VAE_INDUCTOR_OPTIONS). `verify_fast_path(latents)` at warmup checks the compiled frames
+against the plain decode and falls back to eager on a mismatch. On CPU compiling is turned off.
 """
 
 from __future__ import annotations
