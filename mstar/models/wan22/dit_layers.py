@@ -156,6 +156,8 @@ class WanAttention(nn.Module):
     def _project(self, x, context) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, dim], k and v [Tkv, dim]; views into one GEMM output when fused. context None: self."""
         if self.fused == "qkv":
+            if context is not None:
+                raise ValueError("fused q/k/v projects one input: self attention takes context=None")
             return self.to_qkv(x).unflatten(-1, (3, -1)).unbind(-2)  # [T, 3, dim] -> 3 x [T, dim]
         context = x if context is None else context
         if self.fused == "kv":
