@@ -3,6 +3,7 @@ vae_encoder (image-to-video) and vae_decoder, from a diffusers folder or seeded 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ def image_to_video_input(image: Any, width: int, height: int) -> torch.Tensor:
         picture = picture.resize((width, height), resample=Image.LANCZOS)
     array = torch.from_numpy(np.asarray(picture, dtype=np.float32) / 255.0)  # [H, W, 3] in [0, 1]
     return (array * 2 - 1).permute(2, 0, 1)[None, :, None]
+
+
+logger = logging.getLogger(__name__)
 
 
 class WanVAEEncodeNode(Node):
@@ -85,10 +89,16 @@ class WanVAEDecodeNode(Node):
 
     @torch.inference_mode()
     def warmup(self) -> None:
-        for shape in self.warmup_shapes:
-            self.runner.decode_uint8(
-                torch.zeros((1, *shape), device=self.runner.device, dtype=self.runner.dtype)
-            )
+        """Compile each configured shape, then check the compiled clip path against the plain decode
+        on seeded random latents (zeros decode to near-flat frames and would hide a miscompile)."""
+        from mstar.diffusion.noise import seeded_noise
+
+        for index, shape in enumerate(self.warmup_shapes):
+            latents = seeded_noise((1, *shape), seed=index).to(self.runner.device, self.runner.dtype)
+            self.runner.decode_uint8(latents)
+            if shape[1] > 1:  # latent frames: clips take the fast path, single images the plain one
+                psnr_db = self.runner.verify_fast_path(latents)
+                logger.info("VAE fast decode %s matches the plain decode at %.1f dB", shape, psnr_db)
         self.runner.finish_warmup()
 
     def num_recompiles(self) -> int:
