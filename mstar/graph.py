@@ -164,6 +164,11 @@ class ModelSpec(ABC):
     @abstractmethod
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]: ...
 
+    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+        """Validated params the runtime sends through the whole walk at boot, before /ready, so no
+        first request pays a first call (one per configured size); none by default."""
+        return []
+
     def step_tokens(self, params: dict[str, Any]) -> int | None:
         """The most a validated request can add to one denoise step (tokens times guidance labels),
         the unit of `max_tokens_per_step`; None when the model has no token-costed loop. The API

@@ -63,6 +63,7 @@ class Runtime:
         self._conductor: Conductor | None = None
         self._tasks: list[asyncio.Task] = []
         self._started = False
+        self._warmed = False
         self._closing = False
         self._on_boot_progress: Callable[[str, int, int], None] | None = None
 
@@ -97,6 +98,37 @@ class Runtime:
             raise
         self._tasks.append(asyncio.create_task(self._monitor()))
         self._started = True
+        try:
+            await self._run_warmup_requests()
+        except BaseException:
+            await self._teardown()
+            raise
+        self._warmed = True
+
+    async def _run_warmup_requests(self) -> None:
+        """Each warmup request goes through the whole walk, one after another; kept out of /metrics."""
+        requests = self.spec.warmup_requests(self.config)
+        conductor_metrics, self._conductor.metrics = self._conductor.metrics, NullMetrics()
+        try:
+            for index, params in enumerate(requests):
+                started = time.monotonic()
+                handle = self.submit(params, request_id=f"warmup-{index}")
+                try:
+                    await handle.result()
+                except Exception as error:
+                    raise RuntimeError(
+                        f"warmup request {index} ({params.get('width')}x"
+                        f"{params.get('height')}) failed: {error}"
+                    ) from error
+                log.info(
+                    "warmup request %d/%d done in %.1f s",
+                    index + 1,
+                    len(requests),
+                    time.monotonic() - started,
+                )
+                self._report_progress("warmup requests", index + 1, len(requests))
+        finally:
+            self._conductor.metrics = conductor_metrics
 
     async def _wait_until_up(self) -> None:
         while not self._pool.all_up:
@@ -153,7 +185,7 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        return self._started and not self._closing and self._pool.all_up
+        return self._started and self._warmed and not self._closing and self._pool.all_up
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -209,11 +241,14 @@ class Runtime:
             self._conductor.handle_message(message)
 
     def _report_boot_progress(self, message: m.BootProgress) -> None:
+        label = message.label if len(self.groups) == 1 else f"worker {message.worker}: {message.label}"
+        self._report_progress(label, message.done, message.total)
+
+    def _report_progress(self, label: str, done: int, total: int) -> None:
         if self._on_boot_progress is None:
             return
-        label = message.label if len(self.groups) == 1 else f"worker {message.worker}: {message.label}"
         try:
-            self._on_boot_progress(label, message.done, message.total)
+            self._on_boot_progress(label, done, total)
         except Exception:
             log.exception("boot progress callback failed")
 

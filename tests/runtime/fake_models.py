@@ -199,3 +199,15 @@ class TorchSpec(FakeSpec):
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
         return {name: TorchNode(name, ctx.device) for name in ctx.node_names}
+
+
+class WarmupSpec(FakeSpec):
+    """Sends one request through the whole walk at boot, before the runtime is ready."""
+
+    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+        return [{"seed": 7, "steps": 2, "release_log": config.api_key}]  # api_key: the test's log path
+
+
+class BrokenWarmupSpec(FakeSpec):
+    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+        return [{"seed": 7, "fail": "denoiser.forward"}]

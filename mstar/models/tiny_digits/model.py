@@ -21,6 +21,7 @@ from mstar.models.tiny_digits.config import (
     WEIGHTS_DIR,
     default_dit_config,
 )
+from mstar.models.warmup import sized_warmup_requests
 
 MAX_STEPS = 100
 MAX_GUIDANCE = 20.0
@@ -117,6 +118,9 @@ class TinyDigitsSpec(ModelSpec):
 
     def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
         return "t2i" if finished == "encode_text" else None
+
+    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+        return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
         from mstar.models.tiny_digits.nodes import build_digits_nodes

@@ -15,6 +15,7 @@ from typing import Any
 from mstar.errors import InvalidParam
 from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
 from mstar.models.wan22.config import Wan22Config
+from mstar.models.warmup import sized_warmup_requests
 
 MIN_FPS = 1
 MAX_FPS = 60
@@ -129,6 +130,9 @@ class Wan22Spec(ModelSpec):
         if finished == "encode_text":
             return "i2v" if params.get("image_to_video") else "t2v"
         return None
+
+    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+        return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
         from mstar.models.wan22.nodes import build_nodes

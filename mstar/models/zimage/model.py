@@ -12,6 +12,7 @@ from typing import Any
 
 from mstar.errors import InvalidParam
 from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
+from mstar.models.warmup import sized_warmup_requests
 from mstar.models.zimage.config import REAL, ZImageConfig
 
 SIZE_MULTIPLE = 16  # VAE 8x times patch 2
@@ -104,6 +105,9 @@ class ZImageSpec(ModelSpec):
 
     def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
         return "t2i" if finished == "encode_text" else None
+
+    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+        return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
         from mstar.models.zimage.nodes import build_nodes
