@@ -44,7 +44,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = server-deps ]; then  # local: the server's requirements pinned as .venv has them
   .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click)==' | tr '\n' ' '
   exit 0
@@ -56,7 +56,7 @@ mkdir -p "$out"
 # call1/call2 install only their own wheel folders: a folder left by an earlier call (e.g. diffusers)
 # must not change what they measure.
 case "$phase" in
-  call1) wheel_dirs=(.whl_fa3 .whl_srv) ;;
+  call1 | serve-zimage-suite) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   call2)  # call 1's packages stay in /tmp/site while the machine is held; a fresh one needs them again
     wheel_dirs=(.whl_av)
     [ -d /tmp/site/fastapi ] || wheel_dirs+=(.whl_srv)
@@ -200,6 +200,10 @@ case "$phase" in
     missing "${SERVER_MODULES[@]}"  # said first: the serve phase at the end needs them
     our_step wan-cfg wan-480p-cfg "${STEP_WAN_S:-130}"
     our_step zimage-b1 zimage-1024-b1 "${STEP_ZIMAGE_S:-100}"
+    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
+      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
+      -- "${gpu_flags[@]}" ;;
+  serve-zimage-suite)  # the serving part of call1 alone
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
