@@ -46,7 +46,7 @@ set -uo pipefail
 
 phase="${1:?usage: bash bench/h200.sh call1|call2|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = server-deps ]; then  # local: the server's requirements pinned as .venv has them
-  .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click)==' | tr '\n' ' '
+  .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click|opentelemetry.api)==' | tr '\n' ' '
   exit 0
 fi
 deadline=$((SECONDS + ${CALL_BUDGET_S:-490}))  # call1/call2: everything ends (results written) by then
@@ -87,7 +87,7 @@ if missing:
 EOF
 }
 require() { missing "$@" || exit 3; }  # require MODULE...: stop with a clear list of what this phase misses
-SERVER_MODULES=(fastapi starlette uvicorn h11 click msgspec zmq httpx anyio pydantic pydantic_core python_multipart prometheus_client yaml)
+SERVER_MODULES=(fastapi starlette uvicorn h11 click msgspec zmq httpx anyio pydantic pydantic_core python_multipart prometheus_client yaml opentelemetry)
 
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2> /dev/null || true
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
