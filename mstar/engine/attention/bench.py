@@ -73,6 +73,9 @@ def time_plan_us(attention: RaggedAttention, num_heads: int, iters: int) -> tupl
         layout = AttentionLayout.self_attention(
             (PLAN_TIMING_LENS[0] + 100 + index, PLAN_TIMING_LENS[1] - 100 - index)
         )
+        # An idle stream: a staging buffer still read by a queued copy would make the miss wait for
+        # the GPU (serving plans a new layout into the slot used a step earlier, long copied).
+        torch.cuda.synchronize()
         misses.append(_host_us(attention, layout))
         skips.append(_host_us(attention, layout))
         attention.run("plan", q, k, v)
