@@ -9,7 +9,6 @@ the package (weights/), trained by `python -m mstar.models.tiny_digits.train`.
 from __future__ import annotations
 
 import json
-import secrets
 from typing import Any
 
 from mstar.errors import InvalidParam
@@ -21,12 +20,21 @@ from mstar.models.tiny_digits.config import (
     WEIGHTS_DIR,
     default_dit_config,
 )
+from mstar.models.validation import (
+    check_prompts,
+    check_single_image,
+    guidance_in,
+    range_limit,
+    sampling_limits,
+    seed_or_random,
+    single_frame_limit,
+    steps_in,
+)
 from mstar.models.warmup import sized_warmup_requests
 
 MAX_STEPS = 100
 MAX_GUIDANCE = 20.0
 MAX_PROMPT_CHARS = 1000
-MAX_SEED = 2**63 - 1
 
 
 def _shipped_defaults() -> dict[str, Any]:
@@ -71,36 +79,29 @@ class TinyDigitsSpec(ModelSpec):
         return f"{self.output_size}x{self.output_size}"
 
     def limits(self) -> dict[str, Any]:
-        side = {"default": self.output_size, "min": self.output_size, "max": self.output_size}
+        side = range_limit(self.output_size, self.output_size, self.output_size)
         return {
             "sizes": [self.size],
             "width": side,
             "height": side,
-            "num_inference_steps": {"default": self.default_steps, "min": 1, "max": MAX_STEPS},
-            "guidance_scale": {"default": self.default_guidance, "min": 0.0, "max": MAX_GUIDANCE},
-            "prompt": {"max_chars": MAX_PROMPT_CHARS},
-            "num_frames": {"default": 1, "min": 1, "max": 1},
+            **sampling_limits(
+                self.default_steps, MAX_STEPS, self.default_guidance, MAX_GUIDANCE, MAX_PROMPT_CHARS
+            ),
+            "num_frames": single_frame_limit(),
         }
 
     def validate(self, params: GenerationParams) -> dict[str, Any]:
-        _check_prompt("prompt", params.prompt, required=True)
-        if params.negative_prompt is not None:
-            _check_prompt("negative_prompt", params.negative_prompt, required=False)
-        if params.has_input_reference:
-            raise InvalidParam("input_reference", "tiny-digits is text-to-image; no input image is taken")
-        if params.num_frames not in (None, 1):
-            raise InvalidParam(
-                "num_frames", f"tiny-digits makes single images; got {params.num_frames} frames"
-            )
+        check_prompts(params, MAX_PROMPT_CHARS)
+        check_single_image(params, self.name)
         self._check_size(params.width, params.height)
         return {
             "prompt": params.prompt,
             "negative_prompt": params.negative_prompt or "",
             "width": self.output_size,
             "height": self.output_size,
-            "num_inference_steps": _steps(params.num_inference_steps, self.default_steps),
-            "guidance_scale": _guidance(params.guidance_scale, self.default_guidance),
-            "seed": _seed(params.seed),
+            "num_inference_steps": steps_in(params.num_inference_steps, self.default_steps, MAX_STEPS),
+            "guidance_scale": guidance_in(params.guidance_scale, self.default_guidance, MAX_GUIDANCE),
+            "seed": seed_or_random(params.seed),
         }
 
     def _check_size(self, width: Any, height: Any) -> None:
@@ -126,40 +127,3 @@ class TinyDigitsSpec(ModelSpec):
         from mstar.models.tiny_digits.nodes import build_digits_nodes
 
         return build_digits_nodes(ctx)
-
-
-def _check_prompt(field: str, prompt: Any, required: bool) -> None:
-    if not isinstance(prompt, str):
-        raise InvalidParam(field, "must be a string")
-    if required and not prompt.strip():
-        raise InvalidParam(field, "must not be empty")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise InvalidParam(field, f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _steps(value: Any, default: int) -> int:
-    if value is None:
-        return default
-    if not _is_int(value) or not 1 <= value <= MAX_STEPS:
-        raise InvalidParam("num_inference_steps", f"must be an integer in [1, {MAX_STEPS}], got {value!r}")
-    return value
-
-
-def _guidance(value: Any, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= MAX_GUIDANCE:
-        raise InvalidParam("guidance_scale", f"must be a number in [0, {MAX_GUIDANCE}], got {value!r}")
-    return float(value)
-
-
-def _seed(value: Any) -> int:
-    if value is None:
-        return secrets.randbelow(2**32)
-    if not _is_int(value) or not 0 <= value <= MAX_SEED:
-        raise InvalidParam("seed", f"must be an integer in [0, 2**63 - 1], got {value!r}")
-    return value

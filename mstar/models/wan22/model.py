@@ -9,11 +9,19 @@ The last walk leaves "frames" uint8 [F, H, W, 3]; params carry "fps".
 from __future__ import annotations
 
 import math
-import secrets
 from typing import Any
 
 from mstar.errors import InvalidParam
 from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
+from mstar.models.validation import (
+    check_prompts,
+    guidance_in,
+    int_in,
+    multiple_in,
+    range_limit,
+    sampling_limits,
+    seed_or_random,
+)
 from mstar.models.wan22.config import Wan22Config
 from mstar.models.warmup import sized_warmup_requests
 
@@ -21,7 +29,6 @@ MIN_FPS = 1
 MAX_FPS = 60
 MAX_GUIDANCE = 20.0
 MAX_PROMPT_CHARS = 8192
-MAX_SEED = 2**63 - 1
 
 
 class Wan22Spec(ModelSpec):
@@ -41,27 +48,20 @@ class Wan22Spec(ModelSpec):
     def limits(self) -> dict[str, Any]:
         c = self.config
         return {
-            "width": {"default": c.default_width, "min": c.size_multiple, "max": c.max_width, "multiple_of": c.size_multiple},
-            "height": {
-                "default": c.default_height, "min": c.size_multiple, "max": c.max_height, "multiple_of": c.size_multiple,
-            },
+            "width": {**range_limit(c.default_width, c.size_multiple, c.max_width), "multiple_of": c.size_multiple},
+            "height": {**range_limit(c.default_height, c.size_multiple, c.max_height), "multiple_of": c.size_multiple},
             "num_frames": {
-                "default": c.default_num_frames, "min": 1, "max": c.max_num_frames,
-                "form": f"{c.vae_scale_temporal}k+1",
+                **range_limit(c.default_num_frames, 1, c.max_num_frames), "form": f"{c.vae_scale_temporal}k+1",
             },
-            "fps": {"default": c.default_fps, "min": MIN_FPS, "max": MAX_FPS},
-            "num_inference_steps": {"default": c.default_steps, "min": 1, "max": c.max_steps},
-            "guidance_scale": {"default": c.default_guidance, "min": 0.0, "max": MAX_GUIDANCE},
-            "prompt": {"max_chars": MAX_PROMPT_CHARS},
+            "fps": range_limit(c.default_fps, MIN_FPS, MAX_FPS),
+            **sampling_limits(c.default_steps, c.max_steps, c.default_guidance, MAX_GUIDANCE, MAX_PROMPT_CHARS),
             "input_reference": {"optional": True, "kind": "image"},
         }  # fmt: skip
 
     def validate(self, params: GenerationParams) -> dict[str, Any]:
         c = self.config
-        _check_prompt("prompt", params.prompt, required=True)
-        if params.negative_prompt is not None:
-            _check_prompt("negative_prompt", params.negative_prompt, required=False)
-        fps = _int_in("fps", params.fps, c.default_fps, MIN_FPS, MAX_FPS)
+        check_prompts(params, MAX_PROMPT_CHARS)
+        fps = int_in("fps", params.fps, c.default_fps, MIN_FPS, MAX_FPS)
         return {
             "prompt": params.prompt,
             "negative_prompt": params.negative_prompt or "",
@@ -69,17 +69,15 @@ class Wan22Spec(ModelSpec):
             "height": self._side("height", params.height, c.default_height, c.max_height),
             "num_frames": self._num_frames(params, fps),
             "fps": fps,
-            "num_inference_steps": _int_in("num_inference_steps", params.num_inference_steps, c.default_steps, 1, c.max_steps),
-            "guidance_scale": _guidance(params.guidance_scale, c.default_guidance),
-            "seed": _seed(params.seed),
+            "num_inference_steps": int_in("num_inference_steps", params.num_inference_steps, c.default_steps, 1, c.max_steps),
+            "guidance_scale": guidance_in(params.guidance_scale, c.default_guidance, MAX_GUIDANCE),
+            "seed": seed_or_random(params.seed),
             "image_to_video": bool(params.has_input_reference),
         }  # fmt: skip
 
     def _side(self, field: str, value: int | None, default: int, maximum: int) -> int:
-        value = _int_in(field, value, default, self.config.size_multiple, maximum)
-        if value % self.config.size_multiple:
-            raise InvalidParam(field, f"must be a multiple of {self.config.size_multiple}, got {value}")
-        return value
+        multiple = self.config.size_multiple
+        return multiple_in(field, value, default, multiple, maximum, multiple)
 
     def _num_frames(self, params: GenerationParams, fps: int) -> int:
         c = self.config
@@ -102,7 +100,7 @@ class Wan22Spec(ModelSpec):
                     "seconds", f"{seconds}s at {fps} fps is {frames} frames; at most {c.max_num_frames}"
                 )
             return frames
-        frames = _int_in("num_frames", params.num_frames, c.default_num_frames, 1, c.max_num_frames)
+        frames = int_in("num_frames", params.num_frames, c.default_num_frames, 1, c.max_num_frames)
         if (frames - 1) % step:
             raise InvalidParam(
                 "num_frames",
@@ -138,38 +136,3 @@ class Wan22Spec(ModelSpec):
         from mstar.models.wan22.nodes import build_nodes
 
         return build_nodes(self.config, ctx)
-
-
-def _check_prompt(field: str, prompt: Any, required: bool) -> None:
-    if not isinstance(prompt, str):
-        raise InvalidParam(field, "must be a string")
-    if required and not prompt.strip():
-        raise InvalidParam(field, "must not be empty")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise InvalidParam(field, f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
-
-
-def _int_in(field: str, value: Any, default: int, minimum: int, maximum: int) -> int:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidParam(field, f"must be an integer, got {value!r}")
-    if not minimum <= value <= maximum:
-        raise InvalidParam(field, f"must be in [{minimum}, {maximum}], got {value}")
-    return value
-
-
-def _guidance(value: Any, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= MAX_GUIDANCE:
-        raise InvalidParam("guidance_scale", f"must be a number in [0, {MAX_GUIDANCE}], got {value!r}")
-    return float(value)
-
-
-def _seed(value: Any) -> int:
-    if value is None:
-        return secrets.randbelow(2**32)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
-        raise InvalidParam("seed", f"must be an integer in [0, 2**63 - 1], got {value!r}")
-    return value

@@ -7,11 +7,21 @@ Walks: `encode_text` (Qwen3, prompt and, under guidance, negative prompt) then `
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from mstar.errors import InvalidParam
 from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
+from mstar.models.validation import (
+    check_prompts,
+    check_single_image,
+    guidance_in,
+    multiple_in,
+    range_limit,
+    sampling_limits,
+    seed_or_random,
+    single_frame_limit,
+    steps_in,
+)
 from mstar.models.warmup import sized_warmup_requests
 from mstar.models.zimage.config import REAL, ZImageConfig
 
@@ -27,7 +37,6 @@ MAX_STEPS = 50
 DEFAULT_GUIDANCE = 0.0  # Turbo is distilled: no classifier-free guidance by default
 MAX_GUIDANCE = 20.0
 MAX_PROMPT_CHARS = 8192
-MAX_SEED = 2**63 - 1
 
 
 class ZImageSpec(ModelSpec):
@@ -44,36 +53,18 @@ class ZImageSpec(ModelSpec):
         self.config = config
 
     def limits(self) -> dict[str, Any]:
+        side = {**range_limit(DEFAULT_SIZE, MIN_SIDE, MAX_SIDE), "multiple_of": SIZE_MULTIPLE}
         return {
-            "width": {
-                "default": DEFAULT_SIZE,
-                "min": MIN_SIDE,
-                "max": MAX_SIDE,
-                "multiple_of": SIZE_MULTIPLE,
-            },
-            "height": {
-                "default": DEFAULT_SIZE,
-                "min": MIN_SIDE,
-                "max": MAX_SIDE,
-                "multiple_of": SIZE_MULTIPLE,
-            },
+            "width": side,
+            "height": dict(side),
             "pixels": {"min": MIN_PIXELS, "max": MAX_PIXELS},
-            "num_inference_steps": {"default": DEFAULT_STEPS, "min": 1, "max": MAX_STEPS},
-            "guidance_scale": {"default": DEFAULT_GUIDANCE, "min": 0.0, "max": MAX_GUIDANCE},
-            "prompt": {"max_chars": MAX_PROMPT_CHARS},
-            "num_frames": {"default": 1, "min": 1, "max": 1},
+            **sampling_limits(DEFAULT_STEPS, MAX_STEPS, DEFAULT_GUIDANCE, MAX_GUIDANCE, MAX_PROMPT_CHARS),
+            "num_frames": single_frame_limit(),
         }
 
     def validate(self, params: GenerationParams) -> dict[str, Any]:
-        _check_prompt("prompt", params.prompt, required=True)
-        if params.negative_prompt is not None:
-            _check_prompt("negative_prompt", params.negative_prompt, required=False)
-        if params.has_input_reference:
-            raise InvalidParam("input_reference", "z-image-turbo is text-to-image; no input image is taken")
-        if params.num_frames not in (None, 1):
-            raise InvalidParam(
-                "num_frames", f"z-image-turbo makes single images; got {params.num_frames} frames"
-            )
+        check_prompts(params, MAX_PROMPT_CHARS)
+        check_single_image(params, self.name)
         width = _side("width", params.width)
         height = _side("height", params.height)
         if not MIN_PIXELS <= width * height <= MAX_PIXELS:
@@ -85,9 +76,9 @@ class ZImageSpec(ModelSpec):
             "negative_prompt": params.negative_prompt or "",
             "width": width,
             "height": height,
-            "num_inference_steps": _steps(params.num_inference_steps),
-            "guidance_scale": _guidance(params.guidance_scale),
-            "seed": _seed(params.seed),
+            "num_inference_steps": steps_in(params.num_inference_steps, DEFAULT_STEPS, MAX_STEPS),
+            "guidance_scale": guidance_in(params.guidance_scale, DEFAULT_GUIDANCE, MAX_GUIDANCE),
+            "seed": seed_or_random(params.seed),
         }
 
     def step_tokens(self, params: dict[str, Any]) -> int:
@@ -115,55 +106,10 @@ class ZImageSpec(ModelSpec):
         return build_nodes(self.config, ctx)
 
 
-def _check_prompt(field: str, prompt: Any, required: bool) -> None:
-    if not isinstance(prompt, str):
-        raise InvalidParam(field, "must be a string")
-    if required and not prompt.strip():
-        raise InvalidParam(field, "must not be empty")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise InvalidParam(field, f"at most {MAX_PROMPT_CHARS} characters, got {len(prompt)}")
-
-
 def _padded(num_tokens: int) -> int:
     """Rounded up to the DiT's sequence multiple (zimage.dit.SEQ_MULTI_OF, kept torch-free here)."""
     return num_tokens + (-num_tokens) % SEQ_MULTI_OF
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _side(field: str, value: int | None) -> int:
-    if value is None:
-        return DEFAULT_SIZE
-    if not _is_int(value):
-        raise InvalidParam(field, f"must be an integer, got {value!r}")
-    if not MIN_SIDE <= value <= MAX_SIDE:
-        raise InvalidParam(field, f"must be in [{MIN_SIDE}, {MAX_SIDE}], got {value}")
-    if value % SIZE_MULTIPLE:
-        raise InvalidParam(field, f"must be a multiple of {SIZE_MULTIPLE}, got {value}")
-    return value
-
-
-def _steps(value: int | None) -> int:
-    if value is None:
-        return DEFAULT_STEPS
-    if not _is_int(value) or not 1 <= value <= MAX_STEPS:
-        raise InvalidParam("num_inference_steps", f"must be an integer in [1, {MAX_STEPS}], got {value!r}")
-    return value
-
-
-def _guidance(value: float | None) -> float:
-    if value is None:
-        return DEFAULT_GUIDANCE
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= MAX_GUIDANCE:
-        raise InvalidParam("guidance_scale", f"must be a number in [0, {MAX_GUIDANCE}], got {value!r}")
-    return float(value)
-
-
-def _seed(value: int | None) -> int:
-    if value is None:
-        return secrets.randbelow(2**32)
-    if not _is_int(value) or not 0 <= value <= MAX_SEED:
-        raise InvalidParam("seed", f"must be an integer in [0, 2**63 - 1], got {value!r}")
-    return value
+    return multiple_in(field, value, DEFAULT_SIZE, MIN_SIDE, MAX_SIDE, SIZE_MULTIPLE)
