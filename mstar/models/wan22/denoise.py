@@ -16,9 +16,10 @@ from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart
 from mstar.diffusion.noise import seeded_noise
 from mstar.diffusion.samplers import UniPCSampler
 from mstar.graph import RequestState
+from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
 from mstar.models.wan22.config import Wan22Config
 from mstar.models.wan22.dit import DiTInput, WanDiT
-from mstar.models.wan22.text_encoder import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS, uses_guidance
+from mstar.models.wan22.text_encoder import uses_guidance
 
 LATENTS = "latents"
 IMAGE_LATENTS = "image_latents"  # normalised VAE latents of the input image [z, 1, h, w]

@@ -15,11 +15,8 @@ from typing import Any
 
 import torch
 
-from mstar.graph import Node, RequestState
 from mstar.models.checkpoint import build_module
-
-PROMPT_EMBEDS = "prompt_embeds"
-NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
+from mstar.models.text_encoding import PromptEmbedsNode
 
 
 def clean_prompt(text: str) -> str:
@@ -87,22 +84,8 @@ class PromptEncoder:
         return [hidden[i, :n] for i, n in enumerate(lengths)]
 
 
-class WanTextEncoderNode(Node):
-    """Encodes every prompt of the batch (and negative prompts under guidance) in one forward."""
+class WanTextEncoderNode(PromptEmbedsNode):
+    """The shared text_encoder node with Wan's guidance rule (guidance_scale > 1)."""
 
-    def __init__(self, encoder: PromptEncoder, name: str = "text_encoder", max_batch_size: int = 8):
-        self.encoder = encoder
-        self.name = name
-        self.max_batch_size = max_batch_size
-
-    def forward(self, batch: list[RequestState]) -> None:
-        prompts: list[str] = []
-        slots: list[tuple[RequestState, str]] = []
-        for request in batch:
-            prompts.append(request.params["prompt"])
-            slots.append((request, PROMPT_EMBEDS))
-            if uses_guidance(request.params):
-                prompts.append(request.params.get("negative_prompt") or "")
-                slots.append((request, NEGATIVE_PROMPT_EMBEDS))
-        for (request, key), embeds in zip(slots, self.encoder.encode(prompts), strict=True):
-            request.tensors[key] = embeds
+    def uses_guidance(self, params: dict[str, Any]) -> bool:
+        return uses_guidance(params)

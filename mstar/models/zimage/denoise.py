@@ -15,9 +15,10 @@ from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart
 from mstar.diffusion.noise import seeded_noise
 from mstar.diffusion.samplers import FlowMatchEulerSampler, linear_sigmas
 from mstar.graph import RequestState
+from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
 from mstar.models.zimage.config import SchedulerConfig, ZImageConfig
 from mstar.models.zimage.dit import DiTInput, ZImageDiT, padded_len
-from mstar.models.zimage.text_encoder import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS, uses_guidance
+from mstar.models.zimage.text_encoder import uses_guidance
 
 LATENTS = "latents"
 

@@ -8,13 +8,11 @@ from typing import Any
 
 import torch
 
-from mstar.graph import Node, RequestState
+from mstar.models.text_encoding import PromptEmbedsNode
 
 # What Qwen3's chat template renders for one user turn with add_generation_prompt=True and
 # enable_thinking=True (used when a tokenizer carries no template, e.g. the fallback tokenizer).
 QWEN3_USER_TURN = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-PROMPT_EMBEDS = "prompt_embeds"
-NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
 
 
 def chat_text(tokenizer: Any, prompt: str) -> str:
@@ -72,25 +70,11 @@ def uses_guidance(params: dict[str, Any]) -> bool:
     return float(params.get("guidance_scale") or 0.0) > 0.0
 
 
-class TextEncoderNode(Node):
-    """Encodes every prompt of the batch (and negative prompts under guidance) in one forward."""
+class TextEncoderNode(PromptEmbedsNode):
+    """The shared text_encoder node with Z-Image's guidance rule (guidance_scale > 0)."""
 
-    def __init__(self, encoder: PromptEncoder, name: str = "text_encoder", max_batch_size: int = 8):
-        self.encoder = encoder
-        self.name = name
-        self.max_batch_size = max_batch_size
-
-    def forward(self, batch: list[RequestState]) -> None:
-        prompts: list[str] = []
-        targets: list[tuple[RequestState, str]] = []
-        for request in batch:
-            prompts.append(request.params["prompt"])
-            targets.append((request, PROMPT_EMBEDS))
-            if uses_guidance(request.params):
-                prompts.append(request.params.get("negative_prompt") or "")
-                targets.append((request, NEGATIVE_PROMPT_EMBEDS))
-        for (request, key), embeds in zip(targets, self.encoder.encode(prompts), strict=True):
-            request.tensors[key] = embeds
+    def uses_guidance(self, params: dict[str, Any]) -> bool:
+        return uses_guidance(params)
 
 
 def build_qwen3(

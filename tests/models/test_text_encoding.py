@@ -1,0 +1,43 @@
+"""The shared text_encoder node: one encode call per batch, negative prompts only under each
+model's guidance rule (Wan: scale > 1, Z-Image: scale > 0), results stored under the shared keys."""
+
+import pytest
+
+from mstar.graph import RequestState
+from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
+from mstar.models.wan22.text_encoder import WanTextEncoderNode
+from mstar.models.zimage.text_encoder import TextEncoderNode
+
+
+class EchoEncoder:
+    """Returns each prompt back in place of its embedding, and records the calls."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def encode(self, prompts: list[str]) -> list[str]:
+        self.calls.append(list(prompts))
+        return [f"embeds({prompt})" for prompt in prompts]
+
+
+def _request(request_id: str, guidance_scale: float, negative_prompt: str | None = None) -> RequestState:
+    params = {"prompt": f"p{request_id}", "guidance_scale": guidance_scale}
+    if negative_prompt is not None:
+        params["negative_prompt"] = negative_prompt
+    return RequestState(request_id, params)
+
+
+@pytest.mark.parametrize(("node_class", "guided_at"), [(WanTextEncoderNode, 1.5), (TextEncoderNode, 0.5)])
+def test_negative_prompts_follow_the_models_guidance_rule(node_class, guided_at):
+    encoder = EchoEncoder()
+    node = node_class(encoder, max_batch_size=4)
+    unguided = _request("1", guidance_scale=guided_at - 0.5, negative_prompt="blurry")
+    guided = _request("2", guidance_scale=guided_at, negative_prompt="blurry")
+    guided_default = _request("3", guidance_scale=guided_at)
+    node.forward([unguided, guided, guided_default])
+
+    assert encoder.calls == [["p1", "p2", "blurry", "p3", ""]]
+    assert unguided.tensors == {PROMPT_EMBEDS: "embeds(p1)"}
+    assert guided.tensors == {PROMPT_EMBEDS: "embeds(p2)", NEGATIVE_PROMPT_EMBEDS: "embeds(blurry)"}
+    assert guided_default.tensors[NEGATIVE_PROMPT_EMBEDS] == "embeds()"
+    assert (node.name, node.max_batch_size) == ("text_encoder", 4)
