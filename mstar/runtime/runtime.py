@@ -93,12 +93,8 @@ class Runtime:
             for index in range(len(self.groups)):
                 self._pool.spawn(index)
             await self._wait_until_up()
-        except BaseException:
-            await self._teardown()
-            raise
-        self._tasks.append(asyncio.create_task(self._monitor()))
-        self._started = True
-        try:
+            self._tasks.append(asyncio.create_task(self._monitor()))
+            self._started = True
             await self._run_warmup_requests()
         except BaseException:
             await self._teardown()
