@@ -49,15 +49,19 @@ class ZImageSpec(ModelSpec):
         "t2i": Walk("t2i", (Loop("dit"), "vae_decoder"), outputs=("frames",)),
     }
 
+    # Class attributes so a spec for a smaller VAE (tests' tiny one) can lower them.
+    min_side = MIN_SIDE
+    min_pixels = MIN_PIXELS
+
     def __init__(self, config: ZImageConfig = REAL):
         self.config = config
 
     def limits(self) -> dict[str, Any]:
-        side = {**range_limit(DEFAULT_SIZE, MIN_SIDE, MAX_SIDE), "multiple_of": SIZE_MULTIPLE}
+        side = {**range_limit(DEFAULT_SIZE, self.min_side, MAX_SIDE), "multiple_of": SIZE_MULTIPLE}
         return {
             "width": side,
             "height": dict(side),
-            "pixels": {"min": MIN_PIXELS, "max": MAX_PIXELS},
+            "pixels": {"min": self.min_pixels, "max": MAX_PIXELS},
             **sampling_limits(DEFAULT_STEPS, MAX_STEPS, DEFAULT_GUIDANCE, MAX_GUIDANCE, MAX_PROMPT_CHARS),
             "num_frames": single_frame_limit(),
         }
@@ -65,11 +69,12 @@ class ZImageSpec(ModelSpec):
     def validate(self, params: GenerationParams) -> dict[str, Any]:
         check_prompts(params, MAX_PROMPT_CHARS)
         check_single_image(params, self.name)
-        width = _side("width", params.width)
-        height = _side("height", params.height)
-        if not MIN_PIXELS <= width * height <= MAX_PIXELS:
+        width = self._side("width", params.width)
+        height = self._side("height", params.height)
+        if not self.min_pixels <= width * height <= MAX_PIXELS:
             raise InvalidParam(
-                "width", f"width*height must be in [{MIN_PIXELS}, {MAX_PIXELS}] pixels, got {width}x{height}"
+                "width",
+                f"width*height must be in [{self.min_pixels}, {MAX_PIXELS}] pixels, got {width}x{height}",
             )
         return {
             "prompt": params.prompt,
@@ -80,6 +85,9 @@ class ZImageSpec(ModelSpec):
             "guidance_scale": guidance_in(params.guidance_scale, DEFAULT_GUIDANCE, MAX_GUIDANCE),
             "seed": seed_or_random(params.seed),
         }
+
+    def _side(self, field: str, value: int | None) -> int:
+        return multiple_in(field, value, DEFAULT_SIZE, self.min_side, MAX_SIDE, SIZE_MULTIPLE)
 
     def step_tokens(self, params: dict[str, Any]) -> int:
         """Image plus caption tokens (the caption at its longest) times the guidance labels."""
@@ -109,7 +117,3 @@ class ZImageSpec(ModelSpec):
 def _padded(num_tokens: int) -> int:
     """Rounded up to the DiT's sequence multiple (zimage.dit.SEQ_MULTI_OF, kept torch-free here)."""
     return num_tokens + (-num_tokens) % SEQ_MULTI_OF
-
-
-def _side(field: str, value: int | None) -> int:
-    return multiple_in(field, value, DEFAULT_SIZE, MIN_SIDE, MAX_SIDE, SIZE_MULTIPLE)
