@@ -1,9 +1,9 @@
 """A request stepped alone and the same request packed with others of other sizes (issue 8).
 
-On CPU in fp32 the outputs are NOT byte-identical: the DiTs run the per-item conditioning GEMMs
-(timestep / modulation rows, one row per item) with M = number of items, and CPU BLAS rounds a row
-differently for M = 1, 2, 3, ... (the token GEMMs, with M in the hundreds, are row-invariant).
-Measured on the latents: Wan ~145 dB, Z-Image ~140 dB; the guarantee asserted is >= 60 dB.
+CPU BLAS rounds a row differently for M = 1, 2, 3, ... rows (gemv for one row), so per-item
+conditioning GEMMs with one row per item make a request depend on its batch company. Wan computes
+its timestep rows one at a time and is byte-identical; Z-Image still runs its adaLN modulation GEMMs
+(inside the compiled layer stack) over all rows and measures ~140 dB; asserted there: >= 60 dB.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def test_alone_vs_batched_with_other_sizes_on_cpu(model):
     identical = torch.equal(alone, batched)
     print(f"{model}: alone vs batched identical={identical} psnr={figure:.1f} dB")
     assert figure >= MIN_CPU_PSNR_DB
+    if model == "wan22":
+        assert identical
     rerun, _ = alone_and_batched(node, {**BASE, **size}, [], text_dim)
     assert torch.equal(rerun, alone)  # alone twice: the same bytes
 

@@ -95,10 +95,15 @@ class ConditionEmbedder(nn.Module):
         self.text_embedder = TextProjection(text_dim, dim)
 
     def time_rows(self, timesteps: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[R] timesteps -> (temb [R, dim], modulation [R, 6, dim]) in `dtype` (the model's dtype)."""
+        """[R] timesteps -> (temb [R, dim], modulation [R, 6, dim]) in `dtype` (the model's dtype).
+
+        One row at a time: BLAS picks its kernel by row count (gemv for one row), so computing the
+        rows together would make a request's output depend on how many items share its step. The
+        rows are few and small; the token GEMMs, with hundreds of rows, do not have this problem."""
         embedder_dtype = self.time_embedder.linear_1.weight.dtype
-        temb = self.time_embedder(sinusoidal_embedding(timesteps, self.freq_dim).to(embedder_dtype)).to(dtype)
-        modulation = self.time_proj(F.silu(temb))
+        sinusoid = sinusoidal_embedding(timesteps, self.freq_dim).to(embedder_dtype)  # [R, freq_dim]
+        temb = torch.cat([self.time_embedder(row) for row in sinusoid.split(1)]).to(dtype)
+        modulation = torch.cat([self.time_proj(F.silu(row)) for row in temb.split(1)])
         return temb, modulation.unflatten(1, (6, -1))
 
 
