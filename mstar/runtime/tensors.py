@@ -51,6 +51,18 @@ def export_tensors(store: SegmentStore, rid: str, tensors: dict[str, Any]) -> li
 def import_tensors(store: SegmentStore, refs: list[TensorRef]) -> dict[str, Any]:
     """Inside a worker: torch tensors when torch is loaded, else numpy arrays."""
     as_torch = "torch" in sys.modules or any(ref.dtype == BF16 for ref in refs)
+    return _read_all(store, refs, lambda array, ref: _to_torch(array, ref.dtype) if as_torch else array)
+
+
+def import_outputs(store: SegmentStore, refs: list[TensorRef]) -> dict[str, np.ndarray]:
+    """In the API process: numpy only (bf16 widened to float32)."""
+    return _read_all(
+        store, refs, lambda array, ref: bf16_words_to_float32(array) if ref.dtype == BF16 else array
+    )
+
+
+def _read_all(store: SegmentStore, refs: list[TensorRef], convert) -> dict[str, Any]:
+    """Read every segment (each read unlinks its own); if one fails, unlink the unread rest."""
     tensors: dict[str, Any] = {}
     for index, ref in enumerate(refs):
         try:
@@ -58,21 +70,8 @@ def import_tensors(store: SegmentStore, refs: list[TensorRef]) -> dict[str, Any]
         except BaseException:
             store.unlink_all(refs[index + 1 :])
             raise
-        tensors[ref.key] = _to_torch(array, ref.dtype) if as_torch else array
+        tensors[ref.key] = convert(array, ref)
     return tensors
-
-
-def import_outputs(store: SegmentStore, refs: list[TensorRef]) -> dict[str, np.ndarray]:
-    """In the API process: numpy only (bf16 widened to float32)."""
-    outputs: dict[str, np.ndarray] = {}
-    for index, ref in enumerate(refs):
-        try:
-            array = store.read(ref)
-        except BaseException:
-            store.unlink_all(refs[index + 1 :])
-            raise
-        outputs[ref.key] = bf16_words_to_float32(array) if ref.dtype == BF16 else array
-    return outputs
 
 
 def _to_torch(array: np.ndarray, dtype_name: str) -> Any:
