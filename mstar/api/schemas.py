@@ -76,6 +76,19 @@ class _GenerationFields(BaseModel):
             raise ValueError("prompt must not be blank")
         return value
 
+    def _shared_params(self, size: str | None, **route_fields: Any) -> GenerationParams:
+        """GenerationParams from the fields every route shares, plus the route's own."""
+        width, height = parse_size(size)
+        return GenerationParams(
+            prompt=self.prompt,
+            negative_prompt=self.negative_prompt,
+            width=width,
+            height=height,
+            num_inference_steps=self.num_inference_steps,
+            guidance_scale=self.guidance_scale,
+            **route_fields,
+        )
+
 
 class ImageGenerationRequest(_GenerationFields):
     """POST /v1/images/generations."""
@@ -92,16 +105,7 @@ class ImageGenerationRequest(_GenerationFields):
     moderation: str | None = None
 
     def generation_params(self, seed: int | None) -> GenerationParams:
-        width, height = parse_size(self.size)
-        return GenerationParams(
-            prompt=self.prompt,
-            negative_prompt=self.negative_prompt,
-            width=width,
-            height=height,
-            num_inference_steps=self.num_inference_steps,
-            guidance_scale=self.guidance_scale,
-            seed=seed,
-        )
+        return self._shared_params(self.size, seed=seed)
 
 
 class VideoCreateRequest(_GenerationFields):
@@ -122,18 +126,12 @@ class VideoCreateRequest(_GenerationFields):
         return value
 
     def generation_params(self, has_input_reference: bool) -> GenerationParams:
-        width, height = parse_size(self.size)
-        return GenerationParams(
-            prompt=self.prompt,
-            negative_prompt=self.negative_prompt,
-            width=width,
-            height=height,
+        return self._shared_params(
+            self.size,
+            seed=self.seed,
             num_frames=self.num_frames,
             fps=self.fps,
             seconds=parse_seconds(self.seconds),
-            num_inference_steps=self.num_inference_steps,
-            guidance_scale=self.guidance_scale,
-            seed=self.seed,
             has_input_reference=has_input_reference,
         )
 
