@@ -44,7 +44,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|profile|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = server-deps ]; then  # local: the server's requirements pinned as .venv has them
   .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click|opentelemetry.api)==' | tr '\n' ' '
   exit 0
@@ -57,6 +57,7 @@ mkdir -p "$out"
 # must not change what they measure.
 case "$phase" in
   call1 | serve-zimage-suite) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
+  profile) wheel_dirs=(.whl_fa3) ;;
   call2)  # call 1's packages stay in /tmp/site while the machine is held; a fresh one needs them again
     wheel_dirs=(.whl_av)
     [ -d /tmp/site/fastapi ] || wheel_dirs+=(.whl_srv)
@@ -219,6 +220,19 @@ case "$phase" in
     require diffusers
     mstar bench diffusers --workloads wan-720p-t2v --modes eager --num-warmup 1 --num-timed 1 \
       -o "$out/diffusers-720p.json" ;;
+  profile)  # where the time goes: DiT kernels by kind (two compile modes), Z-Image's stages outside it
+    guarded() {  # guarded NAME LIMIT_S COMMAND...: under the call's deadline, output kept in $out/NAME.out
+      local name=$1 limit=$(($2 < $(left_s) ? $2 : $(left_s)))
+      shift 2
+      [ "$limit" -gt 20 ] || { echo "$name: skipped (time guard)"; return 0; }
+      timeout -k 10 "$limit" "$@" > "$out/$name.out" 2>&1
+      echo "$name: exit $? at ${SECONDS}s"
+    }
+    guarded profile-deterministic 270 python3 -m mstar.bench.profile --gemms --workloads wan-480p-cfg,zimage-1024-b1 \
+      --compile-modes deterministic --attention-backend fa3 -o "$out/profile-deterministic.json"
+    guarded stages 120 python3 -m mstar.bench.stages -o "$out/stages.json"
+    guarded profile-default 240 python3 -m mstar.bench.profile --workloads wan-480p-cfg,zimage-1024-b1 \
+      --compile-modes default --attention-backend fa3 -o "$out/profile-default.json" ;;
   step-wan) step_phase wan wan-480p-b1,wan-480p-cfg,wan-480p-c4,wan-720p-b1 ;;
   step-zimage) step_phase zimage zimage-1024-b1,zimage-1024-c4 ;;
   serve-wan) serve_phase wan2.2-ti2v-5b wan-480p-t2v 832x480x33 1,2,4 4 "${gpu_flags[@]}" ;;

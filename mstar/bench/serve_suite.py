@@ -27,6 +27,7 @@ from mstar.bench.gpu_memory import PeakMemoryPoller
 from mstar.bench.serve import RequestRecord, ServeOptions, closed_loop, record_dict, run_one, summarize
 
 RECOMPILES_METRIC = "mstar:recompiles_total"
+STEP_METRIC = "mstar:step_duration_seconds"
 COMPANY_FIRST_INDEX = 1000  # company requests: their own prompts' seeds, away from the measured ones
 
 
@@ -52,13 +53,45 @@ def recompiles_from_metrics(text: str) -> int:
     return int(total)
 
 
-async def scrape_recompiles(client: Any) -> int | None:
+def node_seconds_from_metrics(text: str) -> dict[str, list[float]]:
+    """node -> [seconds, steps] summed over `mstar:step_duration_seconds` (sum and count samples)."""
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name not in (STEP_METRIC + "_sum", STEP_METRIC + "_count") or 'node="' not in line:
+            continue
+        node = line.split('node="', 1)[1].split('"', 1)[0]
+        totals.setdefault(node, [0.0, 0.0])[name.endswith("_count")] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def node_breakdown(before: dict, after: dict, num_requests: int) -> dict[str, dict[str, float]]:
+    """Per node, between two scrapes: ms per step and ms per request (where the time went)."""
+    breakdown = {}
+    for node, (seconds, steps) in after.items():
+        seconds -= before.get(node, [0.0, 0.0])[0]
+        steps -= before.get(node, [0.0, 0.0])[1]
+        if steps > 0 and num_requests > 0:
+            breakdown[node] = {
+                "ms_per_step": 1000 * seconds / steps,
+                "ms_per_request": 1000 * seconds / num_requests,
+                "steps_per_request": steps / num_requests,
+            }
+    return breakdown
+
+
+async def scrape_metrics(client: Any) -> str | None:
     """None when the server has no /metrics (another server)."""
     try:
         response = await client.get("/metrics")
     except Exception:  # a failed scrape must not end the benchmark
         return None
-    return recompiles_from_metrics(response.text) if response.status_code == 200 else None
+    return response.text if response.status_code == 200 else None
+
+
+async def scrape_recompiles(client: Any) -> int | None:
+    text = await scrape_metrics(client)
+    return None if text is None else recompiles_from_metrics(text)
 
 
 def decode_frames(media: bytes, kind: str) -> Any:
@@ -149,8 +182,11 @@ class _Session:
         return count
 
     async def closed(self, name: str, options: ServeOptions, concurrency: int) -> list[RequestRecord]:
+        before = node_seconds_from_metrics(await scrape_metrics(self.client) or "")
         records = await closed_loop(self.client, options, concurrency, first_index=0)
         self.result["phases"][name] = phase_entry(records, self.kind, concurrency)
+        after = node_seconds_from_metrics(await scrape_metrics(self.client) or "")
+        self.result["phases"][name]["nodes"] = node_breakdown(before, after, len(records))
         await self.scrape(f"after_{name}")
         self.on_update(self.result)
         return records

@@ -15,6 +15,8 @@ from mstar.bench.serve import RequestRecord, ServeOptions
 from mstar.bench.serve_suite import (
     SuiteOptions,
     compare_outputs,
+    node_breakdown,
+    node_seconds_from_metrics,
     psnr_db,
     recompiles_from_metrics,
     run_serve_suite,
@@ -52,6 +54,23 @@ def test_recompiles_are_summed_from_our_metrics_text():
     text = metrics.render().decode()
     assert "mstar:recompiles_created" in text  # a sibling series that must not be counted
     assert recompiles_from_metrics(text) == 3
+
+
+def test_node_breakdown_reads_step_durations_from_our_metrics_text():
+    from mstar.api.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics("m")
+    metrics.observe_step("dit", 1, 100, 0.1)
+    before = node_seconds_from_metrics(metrics.render().decode())
+    for _ in range(4):
+        metrics.observe_step("dit", 1, 100, 0.1)
+    metrics.observe_step("vae_decoder", 1, 1, 0.05)
+    metrics.observe_step("vae_decoder", 1, 1, 0.07)
+    breakdown = node_breakdown(before, node_seconds_from_metrics(metrics.render().decode()), num_requests=2)
+    assert breakdown["dit"]["ms_per_step"] == pytest.approx(100.0)
+    assert breakdown["dit"]["ms_per_request"] == pytest.approx(200.0)
+    assert breakdown["dit"]["steps_per_request"] == pytest.approx(2.0)
+    assert breakdown["vae_decoder"]["ms_per_request"] == pytest.approx(60.0)
 
 
 def test_psnr_and_output_comparison():

@@ -1,0 +1,227 @@
+"""Where a DiT step's time goes: kernels by kind, the top kernels, and GPU idle time.
+
+    python -m mstar.bench.profile --workloads wan-480p-cfg,zimage-1024-b1 \
+        --compile-modes deterministic,default -o bench-results/profile.json
+
+Our DiT (seeded random weights, the step benchmark's inputs) runs a few timed forwards (CUDA events),
+then a few under torch.profiler. Kernels are grouped by kind from their names: GEMM (cuBLAS /
+CUTLASS), attention (flash), triton (inductor's fused elementwise and reductions), copy (ATen copies
+and cats) and other. "idle" is the step's wall time minus its kernel time: host work the GPU waited
+for (packing, planning, launches). This is a diagnostic for speed work; the figures that count are
+`mstar bench step` and the serving suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+KIND_PATTERNS = (
+    ("attention", ("flash", "fmha", "attn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "splitkreduce")),
+    ("triton", ("triton",)),
+    ("copy", ("copy", "cat", "elementwise_kernel_with_index")),
+)
+NUM_TOP_KERNELS = 25
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    for kind, patterns in KIND_PATTERNS:
+        if any(pattern in lowered for pattern in patterns):
+            return kind
+    return "other"
+
+
+def summarize_kernels(events: list[tuple[str, float]], num_steps: int) -> dict[str, Any]:
+    """(kernel name, device us) per launch -> ms per step by kind, and the top kernels."""
+    by_kind: dict[str, float] = defaultdict(float)
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for name, duration_us in events:
+        by_kind[kernel_kind(name)] += duration_us
+        by_name[name].append(duration_us)
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:NUM_TOP_KERNELS]
+    return {
+        "kernel_ms_per_step": sum(by_kind.values()) / 1000 / num_steps,
+        "by_kind_ms": {kind: us / 1000 / num_steps for kind, us in sorted(by_kind.items())},
+        "top_kernels": [
+            {
+                "name": name[:160],
+                "kind": kernel_kind(name),
+                "launches_per_step": len(times) / num_steps,
+                "ms_per_step": sum(times) / 1000 / num_steps,
+                "mean_us": sum(times) / len(times),
+            }
+            for name, times in top
+        ],
+    }
+
+
+def _profile(fn, num_steps: int, device: str) -> list[tuple[str, float]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(num_steps):
+            fn()
+        if on_cuda:
+            torch.cuda.synchronize()
+    kernels = []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
+            kernels.append((event.name, float(event.device_time)))
+    return kernels
+
+
+def profile_workload(
+    name: str, mode: str, backend: str, num_timed: int, num_profiled: int, device: str = "cuda"
+) -> dict:
+    import torch
+
+    from mstar.bench import dit_inputs
+    from mstar.bench.configs import configs_for
+    from mstar.bench.ours import build_ours
+    from mstar.bench.step import time_forward
+
+    workload = dit_inputs.STEP_WORKLOADS[name]
+    configs = configs_for(workload.family, tiny=name.startswith("tiny"))
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    items = dit_inputs.make_items(workload, configs, device, dtype, seed=0)
+    forward = build_ours(workload.family, configs["transformer"], None, device, dtype, backend, mode)
+
+    def step() -> None:
+        with torch.inference_mode():
+            forward(items)
+
+    timing = time_forward(step, num_warmup=3, num_timed=num_timed, device=device)
+    summary = summarize_kernels(_profile(step, num_profiled, device), num_profiled)
+    summary["idle_ms_per_step"] = timing["median_ms"] - summary["kernel_ms_per_step"]
+    result = {"workload": name, "compile_mode": mode, "attention_backend": backend, **timing, **summary}
+    return result  # the model is freed with this frame; the caller empties the cache
+
+
+# (label, M, K, N): the token GEMMs of one step (Wan guidance pair 480p: 2 x 3510 tokens; Z-Image 1024:
+# 4096 image + 32 caption tokens) with and without bias; what a kernel can reach on this GPU.
+GEMM_SHAPES = (
+    ("wan qkv", 7020, 3072, 9216, True),
+    ("wan out", 7020, 3072, 3072, True),
+    ("wan ffn up", 7020, 3072, 14336, True),
+    ("wan ffn down", 7020, 14336, 3072, True),
+    ("zimage qkv", 4128, 3840, 11520, False),
+    ("zimage w13", 4128, 3840, 20480, False),
+    ("zimage w2", 4128, 10240, 3840, False),
+)
+
+
+def gemm_table(num_timed: int = 20) -> list[dict]:
+    """bf16 F.linear per shape: ms and TFLOP/s (and the FFN-up GEMM with cuBLASLt's GELU epilogue)."""
+    import torch
+    import torch.nn.functional as F
+
+    from mstar.bench.step import time_forward
+
+    rows = []
+    for label, m, k, n, bias in GEMM_SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if bias else None
+        variants = [("linear", lambda x=x, w=w, b=b: F.linear(x, w, b))]
+        if label == "wan ffn up":
+            variants.append(
+                ("addmm+gelu", lambda x=x, w=w, b=b: torch._addmm_activation(b, x, w.t(), use_gelu=True))
+            )
+            variants.append(
+                ("linear, gelu", lambda x=x, w=w, b=b: F.gelu(F.linear(x, w, b), approximate="tanh"))
+            )
+        for variant, fn in variants:
+            ms = time_forward(fn, num_warmup=3, num_timed=num_timed, device="cuda")["median_ms"]
+            rows.append({"gemm": label, "variant": variant, "m": m, "k": k, "n": n, "ms": ms,
+                         "tflops": 2 * m * k * n / ms / 1e9})  # fmt: skip
+    return rows
+
+
+def gemm_markdown(rows: list[dict]) -> str:
+    lines = ["| gemm | variant | M x K x N | ms | TFLOP/s |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {r['gemm']} | {r['variant']} | {r['m']}x{r['k']}x{r['n']} | {r['ms']:.3f} | {r['tflops']:.0f} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def result_markdown(runs: list[dict]) -> str:
+    lines = []
+    for run in runs:
+        if "error" in run:
+            lines.append(f"### {run['workload']} ({run['compile_mode']}): failed: {run['error']}\n")
+            continue
+        kinds = ", ".join(f"{kind} {ms:.2f}" for kind, ms in run["by_kind_ms"].items())
+        lines += [
+            f"### {run['workload']} ({run['compile_mode']}, {run['attention_backend']})",
+            f"step {run['median_ms']:.2f} ms = kernels {run['kernel_ms_per_step']:.2f} ms ({kinds})"
+            f" + idle {run['idle_ms_per_step']:.2f} ms; first call {run['first_call_s']:.1f} s",
+            "",
+            "| kernel | kind | launches/step | ms/step | mean us |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{k['name'][:90]}` | {k['kind']} | {k['launches_per_step']:.0f} | {k['ms_per_step']:.2f}"
+            f" | {k['mean_us']:.1f} |"
+            for k in run["top_kernels"]
+        ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mstar.bench.profile", description=__doc__)
+    parser.add_argument("--workloads", default="wan-480p-cfg,zimage-1024-b1")
+    parser.add_argument("--compile-modes", default="deterministic")
+    parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--num-timed", type=int, default=10)
+    parser.add_argument("--num-profiled", type=int, default=3)
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run of the tool (tiny-* workloads)")
+    parser.add_argument("--gemms", action="store_true", help="first, the step's GEMM shapes alone")
+    parser.add_argument("-o", "--output", default="bench-results/profile.json")
+    args = parser.parse_args(argv)
+    from mstar.bench.env import env_info
+
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    runs: list[dict] = []
+    gemms: list[dict] = []
+    if args.gemms:
+        gemms = gemm_table()
+        print(gemm_markdown(gemms), flush=True)
+    for name in args.workloads.split(","):
+        for mode in args.compile_modes.split(","):
+            try:
+                runs.append(
+                    profile_workload(
+                        name, mode, args.attention_backend, args.num_timed, args.num_profiled, args.device
+                    )
+                )
+            except Exception as error:  # one failing case keeps the others' figures
+                runs.append(
+                    {"workload": name, "compile_mode": mode, "error": f"{type(error).__name__}: {error}"}
+                )
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            output.write_text(
+                json.dumps({"runs": runs, "gemms": gemms, "env": env_info(sys.argv)}, indent=2, default=str)
+            )
+            print(result_markdown(runs[-1:]), flush=True)
+    output.with_suffix(".md").write_text((gemm_markdown(gemms) if gemms else "") + result_markdown(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
