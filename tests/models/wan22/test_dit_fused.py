@@ -74,3 +74,12 @@ def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused)
             torch.testing.assert_close(got, want)
     graphs = [graph for graph in counter.graphs if len(graph.graph.nodes) > 0]  # dynamo adds an empty one
     assert len(graphs) == 1  # new pack and text lengths reuse the graph
+
+
+def test_fusing_turns_on_the_gelu_epilogue_which_cpu_leaves_alone(unfused_and_fused):
+    unfused, fused = unfused_and_fused
+    assert all(block.ffn.net[0].gelu_epilogue for block in fused.blocks)
+    assert not any(block.ffn.net[0].gelu_epilogue for block in unfused.blocks)
+    x = torch.randn(5, unfused.config.inner_dim)
+    # CPU's _addmm_activation is the erf GELU, so the epilogue is CUDA-only: same result on CPU.
+    assert torch.equal(fused.blocks[0].ffn.net[0](x), unfused.blocks[0].ffn.net[0](x))
