@@ -1,0 +1,110 @@
+"""The VAE node's compiled decode: warmed per size, checked against eager, eager on a mismatch,
+recompiles after warmup counted (CPU, tiny config; the real compile runs in test_gpu_vae.py)."""
+
+import pytest
+import torch
+
+from mstar.graph import RequestState
+from mstar.models.zimage.config import TINY
+from mstar.models.zimage.denoise import LATENTS
+from mstar.models.zimage.nodes import FRAMES, VAEDecodeNode
+from mstar.models.zimage.weights import build_vae_decoder
+
+WARM_SIZE = (32, 32)  # (width, height) -> latents [16, 16, 16] with the tiny 2x VAE
+
+
+@pytest.fixture(scope="module")
+def vae():
+    return build_vae_decoder(TINY.vae, "cpu", torch.float32)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()  # compiled graphs of other tests guard on other modules
+    yield
+    torch._dynamo.reset()
+
+
+class FakeCompiled:
+    """Stands in for the compiled decode: the eager frames, optionally corrupted; counts calls."""
+
+    num_recompiles = 0
+
+    def __init__(self, vae, corrupt: bool):
+        self.vae, self.corrupt, self.num_calls = vae, corrupt, 0
+
+    def __call__(self, latents):
+        self.num_calls += 1
+        frames = self.vae.decode_frames(latents)
+        return 255 - frames if self.corrupt else frames
+
+    def finish_warmup(self):
+        pass
+
+
+def latents_for(width: int, height: int, seed: int = 5) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(TINY.vae.latent_channels, height // 2, width // 2, generator=generator)
+
+
+def decode_request(node: VAEDecodeNode, latents: torch.Tensor) -> torch.Tensor:
+    request = RequestState("r", {})
+    request.tensors[LATENTS] = latents
+    node.forward([request])
+    assert LATENTS not in request.tensors
+    return request.tensors[FRAMES]
+
+
+def test_eager_path_is_the_plain_decode(vae):
+    node = VAEDecodeNode(vae, "off", warmup_sizes=[WARM_SIZE])
+    node.warmup()
+    latents = latents_for(24, 16)
+    frames = decode_request(node, latents)
+    assert frames.dtype == torch.uint8 and frames.shape == (1, 16, 24, 3)
+    with torch.inference_mode():
+        assert torch.equal(frames, vae.decode_frames(latents))
+    assert node.decode.psnr_db_by_size == {} and node.num_recompiles() == 0
+
+
+def test_corrupted_compiled_frames_fall_back_to_eager_for_that_size(vae):
+    node = VAEDecodeNode(vae, "default", warmup_sizes=[WARM_SIZE])
+    fake = node.decode.compiled = FakeCompiled(vae, corrupt=True)
+    node.warmup()
+    assert fake.num_calls == 1
+    assert node.decode.eager_sizes == {(16, 16)}
+    assert node.decode.psnr_db_by_size[(16, 16)] < 40.0
+    latents = latents_for(*WARM_SIZE)
+    frames = decode_request(node, latents)
+    assert fake.num_calls == 1  # the size decodes eagerly now, never through the fake
+    with torch.inference_mode():
+        assert torch.equal(frames, vae.decode_frames(latents))
+
+
+def test_first_decode_of_a_new_size_is_checked_and_never_serves_wrong_frames(vae):
+    node = VAEDecodeNode(vae, "default", warmup_sizes=[WARM_SIZE])
+    node.decode.compiled = FakeCompiled(vae, corrupt=False)
+    node.warmup()
+    assert node.decode.psnr_db_by_size == {(16, 16): float("inf")} and not node.decode.eager_sizes
+    node.decode.compiled = FakeCompiled(vae, corrupt=True)  # a miscompile at a size not warmed
+    latents = latents_for(24, 16)
+    frames = decode_request(node, latents)
+    with torch.inference_mode():
+        assert torch.equal(frames, vae.decode_frames(latents))
+    assert node.decode.eager_sizes == {(8, 12)}
+
+
+def test_compiles_after_warmup_count_as_recompiles(vae, monkeypatch):
+    # Dynamo for real, inductor replaced by the traced graph run eagerly (inductor's C++ build is slow).
+    monkeypatch.setattr(
+        "torch._inductor.compile_fx.compile_fx", lambda graph, inputs, config_patches=None: graph.forward
+    )
+    node = VAEDecodeNode(vae, "default", warmup_sizes=[WARM_SIZE])
+    node.warmup()
+    compiled = node.decode.compiled
+    assert compiled.num_compiles == 1 and node.num_recompiles() == 0
+    assert node.decode.psnr_db_by_size[(16, 16)] >= 40.0
+    decode_request(node, latents_for(*WARM_SIZE).to(torch.bfloat16))  # cast to float32: same graph
+    assert node.num_recompiles() == 0
+    decode_request(node, latents_for(24, 16))
+    assert node.num_recompiles() == 1
+    assert set(node.decode.psnr_db_by_size) == {(16, 16), (8, 12)}
