@@ -21,6 +21,7 @@ from mstar.models.zimage.dit import DiTInput, ZImageDiT, padded_len
 from mstar.models.zimage.text_encoder import uses_guidance
 
 LATENTS = "latents"
+REFINED_CAPTIONS = "refined_captions"  # DenoiseStart.condition key: label -> [padded L, dim]
 
 
 def model_timestep(timestep: float) -> float:
@@ -68,11 +69,26 @@ class ZImageDenoiser:
 
     @torch.inference_mode()
     def predict(self, items: list[DenoiseItem]) -> list[torch.Tensor]:
-        inputs = [
-            DiTInput(item.latents.to(self.device), model_timestep(item.timestep), item.text.to(self.device))
-            for item in items
-        ]
+        inputs = []
+        for item in items:
+            caption = item.text.to(self.device)
+            inputs.append(
+                DiTInput(
+                    item.latents.to(self.device),
+                    model_timestep(item.timestep),
+                    caption,
+                    refined_caption=self._refined_caption(item, caption),
+                )
+            )
         return [-out.float() for out in self.dit(inputs, self.attn)]  # the scheduler wants -velocity
+
+    def _refined_caption(self, item: DenoiseItem, caption: torch.Tensor) -> torch.Tensor:
+        """The caption after the context refiner, computed at the request's first step and kept in
+        its condition dict (per label) for the remaining steps; it leaves with the request."""
+        cache = item.condition.setdefault(REFINED_CAPTIONS, {})
+        if item.label not in cache:
+            cache[item.label] = self.dit.refine_caption(caption, self.attn)
+        return cache[item.label]
 
 
 class ZImageHooks:

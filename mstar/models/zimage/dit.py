@@ -19,11 +19,13 @@ import torch
 from torch import nn
 
 from mstar.engine.attention import AttentionLayout
+from mstar.engine.transfer import to_device
 from mstar.models.zimage.config import DiTConfig, from_json_dict
 from mstar.models.zimage.dit_layers import ADALN_EMBED_DIM, FinalLayer, RMSNorm, RopeTables, TimestepEmbedder
 from mstar.models.zimage.dit_layers import TransformerBlock as Block
 
 SEQ_MULTI_OF = 32
+MAX_CACHED_LAYOUTS = 64  # rotary tables and token -> item maps, per geometry (sizes repeat every step)
 # Attention labels planned once per forward.
 IMAGE_REFINER_LABEL = "image_refiner"
 TEXT_REFINER_LABEL = "text_refiner"
@@ -34,12 +36,15 @@ SELF_LABEL = "self"
 class DiTInput:
     """One item of a packed forward: latents [C, H, W] (latent cells), timestep in the model's
     [0, 1] scale ((1000 - t) / 1000 as the pipeline passes it: 0 is pure noise, 1 is clean),
-    caption [L, cap_dim] (the text encoder's kept tokens)."""
+    caption [L, cap_dim] (the text encoder's kept tokens); refined_caption: the caption's tokens
+    after the context refiner ([padded L, dim], `ZImageDiT.refine_caption`), when the caller kept
+    them from an earlier step (they do not depend on the timestep)."""
 
     latents: torch.Tensor
     timestep: float
     caption: torch.Tensor
     frame_dim: bool = False  # the caller's latents were [C, 1, H, W]: return the output that way too
+    refined_caption: torch.Tensor | None = None
 
     @classmethod
     def of(cls, item: DiTInput | dict) -> DiTInput:
@@ -102,6 +107,7 @@ class ZImageDiT(nn.Module):
         self._key = key
         self._run_layers = self._layer_stack
         self._run_noise_refiner = self._noise_refiner_stack
+        self._layout_cache: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     @classmethod
     def from_config(cls, config: DiTConfig | dict) -> ZImageDiT:
@@ -171,12 +177,35 @@ class ZImageDiT(nn.Module):
         img_pos[: geo.num_image, 2] = grid_w.flatten()
         return img_pos, cap_pos
 
+    def _cached(self, key: tuple, build) -> tuple[torch.Tensor, ...]:
+        if key not in self._layout_cache:
+            if len(self._layout_cache) >= MAX_CACHED_LAYOUTS:
+                self._layout_cache.pop(next(iter(self._layout_cache)))
+            self._layout_cache[key] = build()
+        return self._layout_cache[key]
+
+    def _item_rope(self, geo: ItemGeometry, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(image cos, image sin, caption cos, caption sin) of one geometry, each [N, head_dim/2]."""
+
+        def build() -> tuple[torch.Tensor, ...]:
+            img_pos, cap_pos = self._position_ids(geo, device)
+            return (*self.rope(img_pos), *self.rope(cap_pos))
+
+        return self._cached(("rope", geo, str(device)), build)
+
+    def _token_items(self, lens: list[int], device: torch.device) -> torch.Tensor:
+        """Item index of every packed token [sum lens], made on the device (no host sync)."""
+
+        def build() -> tuple[torch.Tensor]:
+            items = [torch.full((n,), i, dtype=torch.long, device=device) for i, n in enumerate(lens)]
+            return (torch.cat(items),)
+
+        return self._cached(("items", tuple(lens), str(device)), build)[0]
+
     def plan(self, attn, geometries: list[ItemGeometry]) -> None:
+        """The image refiner and the main layers; the text refiner plans in refine_caption."""
         attn.plan(
             IMAGE_REFINER_LABEL, AttentionLayout.self_attention([g.num_image_padded for g in geometries])
-        )
-        attn.plan(
-            TEXT_REFINER_LABEL, AttentionLayout.self_attention([g.num_caption_padded for g in geometries])
         )
         attn.plan(SELF_LABEL, AttentionLayout.self_attention([g.num_tokens for g in geometries]))
 
@@ -211,13 +240,12 @@ class ZImageDiT(nn.Module):
         geos = [self.geometry(item) for item in items]
         self.plan(attn, geos)
 
-        timesteps = torch.tensor([item.timestep for item in items], dtype=torch.float32, device=device)
+        timesteps = to_device(torch.tensor([item.timestep for item in items], dtype=torch.float32), device)
         item_emb = self.t_embedder(timesteps * self.config.t_scale).to(dtype)  # [num_items, adaln_dim]
 
-        x, x_rope, x_item, cap, cap_rope = self._embed(items, geos, dtype, device)
+        x, x_rope, x_item, cap_rope = self._embed(items, geos, dtype, device)
         x = self._run_noise_refiner(x, x_rope[0], x_rope[1], item_emb, x_item, attn)
-        for layer in self.context_refiner:
-            cap = layer(cap, cap_rope, attn, TEXT_REFINER_LABEL)
+        cap = torch.cat([self._refined(item, attn) for item in items])
 
         unified, rope, token_item = self._unify(geos, x, x_rope, cap, cap_rope, device)
         unified = self._run_layers(unified, rope[0], rope[1], item_emb, token_item, attn)
@@ -236,35 +264,43 @@ class ZImageDiT(nn.Module):
             unified = layer(unified, (cos, sin), attn, SELF_LABEL, item_emb, token_item)
         return self.all_final_layer[self._key](unified, item_emb, token_item)
 
+    def refine_caption(self, caption: torch.Tensor, attn) -> torch.Tensor:
+        """One caption [L, cap_dim] -> its tokens after the context refiner [padded L, dim].
+
+        The caption does not change over a request's steps and the context refiner has no timestep
+        modulation, so callers keep this from the first step (DiTInput.refined_caption). Always one
+        caption at a time: its result does not depend on which requests share its first step."""
+        dtype = self.all_x_embedder[self._key].weight.dtype
+        num_padded = padded_len(caption.shape[0])
+        tokens = self._with_pads(self.cap_embedder(caption.to(dtype)), num_padded, self.cap_pad_token)
+        geo = ItemGeometry(0, 0, 0, 0, caption.shape[0], num_padded)
+        _, _, cos, sin = self._item_rope(geo, tokens.device)
+        attn.plan(TEXT_REFINER_LABEL, AttentionLayout.self_attention([num_padded]))
+        for layer in self.context_refiner:
+            tokens = layer(tokens, (cos, sin), attn, TEXT_REFINER_LABEL)
+        return tokens
+
+    def _refined(self, item: DiTInput, attn) -> torch.Tensor:
+        if item.refined_caption is not None:
+            return item.refined_caption
+        return self.refine_caption(item.caption, attn)
+
     def _embed(self, items, geos, dtype, device):
-        """Embedded image tokens [sum Nx, dim] and caption tokens [sum Nc, dim], their rotary
-        tables, and the item index of every image token."""
+        """Embedded image tokens [sum Nx, dim], the image and caption rotary tables, and the item
+        index of every image token."""
         patches = torch.cat([self._patchify(item.latents.to(dtype)) for item in items])
         x_tokens = self.all_x_embedder[self._key](patches).split([g.num_image for g in geos])
-        captions = torch.cat([item.caption.to(dtype) for item in items])
-        cap_tokens = self.cap_embedder(captions).split([g.num_caption for g in geos])
         x = torch.cat(
             [
                 self._with_pads(t, g.num_image_padded, self.x_pad_token)
                 for t, g in zip(x_tokens, geos, strict=True)
             ]
         )
-        cap = torch.cat(
-            [
-                self._with_pads(t, g.num_caption_padded, self.cap_pad_token)
-                for t, g in zip(cap_tokens, geos, strict=True)
-            ]
-        )
-        positions = [self._position_ids(g, device) for g in geos]
-        x_rope = self.rope(torch.cat([img for img, _ in positions]))
-        cap_rope = self.rope(torch.cat([c for _, c in positions]))
+        ropes = [self._item_rope(g, device) for g in geos]
+        x_rope = (torch.cat([r[0] for r in ropes]), torch.cat([r[1] for r in ropes]))
+        cap_rope = (torch.cat([r[2] for r in ropes]), torch.cat([r[3] for r in ropes]))
         x_item = self._token_items([g.num_image_padded for g in geos], device)
-        return x, x_rope, x_item, cap, cap_rope
-
-    @staticmethod
-    def _token_items(lens: list[int], device: torch.device) -> torch.Tensor:
-        """Item index of every packed token [sum lens], made on the device (no host sync)."""
-        return torch.cat([torch.full((n,), i, dtype=torch.long, device=device) for i, n in enumerate(lens)])
+        return x, x_rope, x_item, cap_rope
 
     def _unify(self, geos, x, x_rope, cap, cap_rope, device):
         """Interleave per item: [image_i, caption_i] for i in items (tokens and rotary tables)."""

@@ -105,6 +105,52 @@ def test_accepts_benchmark_dict_items(models):
     assert torch.equal(from_dict.squeeze(1), from_item)
 
 
+def test_refined_captions_kept_from_an_earlier_step_give_the_same_output(models):
+    ours, _ = models
+    items = make_items([(12, 10, 7), (8, 8, 40)])
+    expected = our_outputs(ours, items)
+    attn = build_attention("torch", "cpu", torch.float32)
+    with torch.no_grad():
+        refined = [ours.refine_caption(item.caption, attn) for item in items]
+    assert [r.shape[0] for r in refined] == [SEQ_MULTI_OF, 2 * SEQ_MULTI_OF]  # padded, as in the packed pass
+    for item, tokens in zip(items, refined, strict=True):
+        item.refined_caption = tokens
+        item.caption = torch.full_like(item.caption, float("nan"))  # must not be read again
+    for got, want in zip(our_outputs(ours, items), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_denoiser_refines_each_label_once_per_request(models):
+    from mstar.diffusion.denoise import COND, UNCOND, DenoiseItem
+    from mstar.models.zimage.denoise import ZImageDenoiser
+
+    ours, _ = models
+    denoiser = ZImageDenoiser(ours, build_attention("torch", "cpu", torch.float32), "cpu")
+    calls = []
+    original = ours.refine_caption
+
+    def counting(caption, attn):
+        calls.append(caption.shape[0])
+        return original(caption, attn)
+
+    ours.refine_caption = counting
+    try:
+        (first,) = make_items([(8, 8, 5)])
+        condition: dict = {}
+        for step in range(3):
+            items = [
+                DenoiseItem(
+                    "r", label, first.latents, 900.0 - 100 * step, 0.5, step, first.caption, condition
+                )
+                for label in (COND, UNCOND)
+            ]
+            denoiser.predict(items)
+    finally:
+        del ours.refine_caption
+    assert calls == [5, 5]  # one per label, at the first step only
+    assert set(condition["refined_captions"]) == {COND, UNCOND}
+
+
 @pytest.mark.gpu
 def test_real_size_bf16_matches_diffusers_at_1024():
     """Real Z-Image-Turbo config, seeded random weights, bf16, one 1024x1024 item (H200)."""
