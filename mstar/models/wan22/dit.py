@@ -4,10 +4,16 @@
     dit.fuse_projections()                              # after loading, before compile (optional)
     attn = build_attention("auto", device, dtype)
     velocities = dit([DiTInput(latents, timestep, text), ...], attn)   # one [C, F, H, W] per item
+    text_kv = dit.text_kv(text)                         # once per text: reuse it at every step
+    velocities = dit([DiTInput(latents, timestep, text_kv=text_kv), ...], attn)
 
 Each item has its own size, timestep and text (the guidance pair is two items; a cross-request step
 is all items of all requests). Patchify and rotary tables are per item; the layer stack runs once
 over the packed tokens with `attn.plan("self")` / `attn.plan("cross")` once per call.
+Cross attention's keys and values depend only on the text, which is the same at every step of a
+request: `text_kv` computes them for one text (per layer: text embedder, to_k/to_v, norm_k) and an
+item carries them; an item without them gets them computed in `pack`, alone (never batched with
+other items' text, so an item's output does not depend on its company).
 For image-to-video, `num_clean_frames` leading latent frames get timestep 0 (diffusers'
 expand_timesteps with the first-frame mask).
 """
@@ -34,12 +40,15 @@ MAX_CACHED_GRIDS = 64
 
 @dataclass
 class DiTInput:
-    """One item of a packed forward: latents [C, F, H, W], its timestep (0..1000 scale) and text [L, text_dim]."""
+    """One item of a packed forward: latents [C, F, H, W], its timestep (0..1000 scale) and its text,
+    as embeddings [L, text_dim] or as `WanDiT.text_kv(text)` [num_layers, 2, L, dim] (then `text` is
+    not read and may be None)."""
 
     latents: torch.Tensor
     timestep: float
-    text: torch.Tensor
+    text: torch.Tensor | None = None
     num_clean_frames: int = 0
+    text_kv: torch.Tensor | None = None
 
 
 @dataclass
@@ -47,7 +56,7 @@ class PackedStep:
     """Everything the layer stack needs for one packed forward (built per call, host-side lengths)."""
 
     tokens: torch.Tensor  # [T, dim]
-    text: torch.Tensor  # [Tkv, dim]
+    text_kv: torch.Tensor  # [num_layers, 2, Tkv, dim]: per layer, normalised keys and values
     temb_rows: torch.Tensor  # [R, dim]
     modulation_rows: torch.Tensor  # [R, 6, dim]
     row_index: torch.Tensor  # [T] int64: token -> row
@@ -126,7 +135,7 @@ class WanDiT(nn.Module):
         attention.plan("cross", AttentionLayout.cross_attention(step.token_counts, step.text_counts))
         patches = self._layers(
             step.tokens,
-            step.text,
+            step.text_kv,
             step.modulation_rows,
             step.temb_rows,
             step.row_index,
@@ -136,13 +145,28 @@ class WanDiT(nn.Module):
         return self.unpack(patches, step)
 
     def run_layers(
-        self, tokens, text, modulation_rows, temb_rows, row_index, rotary, attention
+        self, tokens, text_kv, modulation_rows, temb_rows, row_index, rotary, attention
     ) -> torch.Tensor:
         """The layer stack and output head over packed tokens [T, dim] -> [T, p_t*p_h*p_w*C]
-        (the part worth compiling, T dynamic: the head's norm and modulation fuse there too)."""
-        for block in self.blocks:
-            tokens = block(tokens, text, modulation_rows, row_index, rotary, attention)
+        (the part worth compiling, T and Tkv dynamic: the head's norm and modulation fuse there too).
+        text_kv [num_layers, 2, Tkv, dim]: each block reads its layer's slice."""
+        for index, block in enumerate(self.blocks):
+            tokens = block(tokens, text_kv[index], modulation_rows, row_index, rotary, attention)
         return self.output_head(tokens, temb_rows, row_index)
+
+    def text_kv(self, text: torch.Tensor) -> torch.Tensor:
+        """One item's text [L, text_dim] -> cross-attention keys and values of every layer
+        [num_layers, 2, L, dim] (index 0: RMS-normed keys, 1: values) in the model dtype.
+
+        One text per call: BLAS picks its kernel by row count, so batching several items' text
+        would make an item's keys depend on its company (see ConditionEmbedder.time_rows)."""
+        device, dtype = self.proj_out.weight.device, self.dtype
+        context = self.condition_embedder.text_embedder(text.to(device, dtype))  # [L, dim]
+        # Written in place: one buffer instead of per-layer tensors plus a stacked copy.
+        text_kv = context.new_empty(len(self.blocks), 2, *context.shape)
+        for index, block in enumerate(self.blocks):
+            text_kv[index, 0], text_kv[index, 1] = block.attn2.context_key_value(context)
+        return text_kv
 
     def output_head(self, hidden, temb_rows, row_index) -> torch.Tensor:
         """Final norm with per-row shift/scale, then proj_out: [T, dim] -> [T, p_t*p_h*p_w*C]."""
@@ -170,18 +194,30 @@ class WanDiT(nn.Module):
         token_counts = tuple(p.shape[0] for p in patches)
         timesteps, row_index = self._timestep_rows(items, grids, token_counts)
         temb_rows, modulation_rows = self.condition_embedder.time_rows(timesteps.to(device), dtype)
-        texts = [item.text.to(device, dtype) for item in items]
+        text_kvs = [self._item_text_kv(item, device, dtype) for item in items]
         return PackedStep(
             tokens=torch.cat(patches).contiguous(),
-            text=self.condition_embedder.text_embedder(torch.cat(texts)),
+            text_kv=text_kvs[0] if len(text_kvs) == 1 else torch.cat(text_kvs, dim=2),
             temb_rows=temb_rows,
             modulation_rows=modulation_rows,
             row_index=row_index.to(device),
             rotary=(torch.cat(rotary_cos), torch.cat(rotary_sin)),
             grids=grids,
             token_counts=token_counts,
-            text_counts=tuple(t.shape[0] for t in texts),
+            text_counts=tuple(kv.shape[2] for kv in text_kvs),
         )
+
+    def _item_text_kv(self, item: DiTInput, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The item's text_kv [num_layers, 2, L, dim], computed now when it carries none."""
+        if item.text_kv is None:
+            if item.text is None:
+                raise ValueError("a DiTInput needs text or text_kv")
+            return self.text_kv(item.text)
+        expected = (len(self.blocks), 2, self.config.inner_dim)
+        shape = tuple(item.text_kv.shape)
+        if len(shape) != 4 or (shape[0], shape[1], shape[3]) != expected:
+            raise ValueError(f"text_kv must be [{expected[0]}, 2, L, {expected[2]}], got {shape}")
+        return item.text_kv.to(device, dtype)
 
     def _grid_rotary(
         self, grid: tuple[int, int, int], device: torch.device

@@ -139,6 +139,8 @@ class WanAttention(nn.Module):
 
     `fuse_projections()` (after loading) turns to_q/to_k/to_v into one `to_qkv` GEMM for self
     attention, or to_k/to_v into one `to_kv` GEMM for cross attention; outputs are split by views.
+    Cross attention takes its keys and values ready-made (`context_key_value`): they depend only on
+    the text, which does not change over a request's steps, so the DiT computes them once per text.
     """
 
     def __init__(self, dim: int, heads: int, eps: float):
@@ -165,24 +167,35 @@ class WanAttention(nn.Module):
             del self.to_k, self.to_v
             self.fused = "kv"
 
-    def _project(self, x, context) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, dim], k and v [Tkv, dim]; views into one GEMM output when fused. context None: self."""
+    def _project_self(self, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [T, dim] of self attention; views into one GEMM output when fused."""
         if self.fused == "qkv":
-            if context is not None:
-                raise ValueError("fused q/k/v projects one input: self attention takes context=None")
             return self.to_qkv(x).unflatten(-1, (3, -1)).unbind(-2)  # [T, 3, dim] -> 3 x [T, dim]
-        context = x if context is None else context
+        if self.fused == "kv":
+            raise ValueError("fused k/v is cross attention's: it takes context_kv, not self attention")
+        return self.to_q(x), self.to_k(x), self.to_v(x)
+
+    def context_key_value(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross attention's keys (RMS-normed) and values [Tkv, dim] of a context [Tkv, dim]."""
+        if self.fused == "qkv":
+            raise ValueError("fused q/k/v is self attention's: it has no separate context keys/values")
         if self.fused == "kv":
             key, value = self.to_kv(context).unflatten(-1, (2, -1)).unbind(-2)  # [Tkv, 2, dim]
-            return self.to_q(x), key, value
-        return self.to_q(x), self.to_k(context), self.to_v(context)
+        else:
+            key, value = self.to_k(context), self.to_v(context)
+        return self.norm_k(key), value
 
-    def forward(self, x, context, attention, label: str, rotary=None) -> torch.Tensor:
-        """x [T, dim] queries; context [Tkv, dim] keys/values source (None: self attention, x);
-        rotary (cos, sin) for self attention."""
-        query, key, value = self._project(x, context)
+    def forward(self, x, attention, label: str, rotary=None, context_kv=None) -> torch.Tensor:
+        """x [T, dim] queries. Self attention when context_kv is None, with rotary (cos, sin);
+        cross attention over context_kv [2, Tkv, dim]: keys and values from `context_key_value`."""
+        if context_kv is None:
+            query, key, value = self._project_self(x)
+            key = self.norm_k(key)
+        else:
+            query = self.to_q(x)
+            key, value = context_kv.unbind(0)
         query = self.norm_q(query).unflatten(-1, (self.heads, -1))  # [T, H, D]
-        key = self.norm_k(key).unflatten(-1, (self.heads, -1))
+        key = key.unflatten(-1, (self.heads, -1))
         value = value.unflatten(-1, (self.heads, -1))
         if rotary is not None:
             query = apply_rotary(query, *rotary)
@@ -206,14 +219,15 @@ class WanBlock(nn.Module):
         self.attn2.fuse_projections(self_attention=False)
         self.ffn.net[0].gelu_epilogue = True
 
-    def forward(self, x, text, modulation_rows, row_index, rotary, attention) -> torch.Tensor:
-        """x [T, dim]; text [Tkv, dim]; modulation_rows [R, 6, dim]; row_index [T] int64."""
+    def forward(self, x, text_kv, modulation_rows, row_index, rotary, attention) -> torch.Tensor:
+        """x [T, dim]; text_kv [2, Tkv, dim] this layer's cross-attention keys and values (from
+        attn2.context_key_value); modulation_rows [R, 6, dim]; row_index [T] int64."""
         # [R, 6, dim] float32 -> six [T, dim] tables, gathered per token
         rows = (self.scale_shift_table + modulation_rows.float()).unbind(1)
         shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate = (r[row_index] for r in rows)
         normed = (fp32_layer_norm(x, self.eps) * (1 + scale_msa) + shift_msa).type_as(x)
-        x = (x.float() + self.attn1(normed, None, attention, "self", rotary) * gate_msa).type_as(x)
+        x = (x.float() + self.attn1(normed, attention, "self", rotary) * gate_msa).type_as(x)
         normed = x if self.norm2 is None else fp32_layer_norm(x, self.eps, self.norm2).type_as(x)
-        x = x + self.attn2(normed, text, attention, "cross")
+        x = x + self.attn2(normed, attention, "cross", context_kv=text_kv)
         normed = (fp32_layer_norm(x, self.eps) * (1 + c_scale) + c_shift).type_as(x)
         return (x.float() + self.ffn(normed).float() * c_gate).type_as(x)
