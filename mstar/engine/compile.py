@@ -14,12 +14,18 @@ traffic) is logged as a warning and reported to /metrics by the worker.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 COMPILE_MODES = ("deterministic", "default", "max-autotune", "off")
+# DiT rows (Wan 3072, Z-Image 3840 features) are normalised in one pass with the row held on chip
+# (a persistent reduction) instead of inductor's default above 1024, a loop that reads every row
+# twice. A rule, not a timing, so it holds in deterministic mode. MSTAR_PERSISTENT_ROWS=0: default.
+MAX_PERSISTENT_ROW_NUMEL = 4096
+PERSISTENT_ROWS_ENV = "MSTAR_PERSISTENT_ROWS"
 _warned_no_deterministic = False
 
 
@@ -57,6 +63,38 @@ def _warn_no_deterministic() -> None:
         _warned_no_deterministic = True
 
 
+def _row_choices(max_row_numel: int):
+    """Inductor heuristics (its documented InductorChoices hook) with persistent row reductions up
+    to `max_row_numel` elements; None when this torch lacks the hook."""
+    try:
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.runtime.hints import ReductionHint
+        from torch._inductor.virtualized import V
+    except ImportError:
+        return None
+    if not hasattr(InductorChoices, "should_use_persistent_reduction"):
+        return None
+
+    class PersistentRowChoices(InductorChoices):
+        @staticmethod
+        def should_use_persistent_reduction(features, cooperative_reduction) -> bool:
+            import torch._inductor.config as inductor_config
+
+            row_wise = features.get_reduction_hint() == ReductionHint.INNER and not cooperative_reduction
+            if (
+                row_wise
+                and inductor_config.triton.persistent_reductions
+                and V.graph.sizevars.statically_known_leq(features.reduction_numel, max_row_numel)
+            ):
+                return True
+            return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
+
+        def uuid(self) -> str:  # keys inductor's FX graph cache (torch versions that take a factory)
+            return f"mstar-persistent-rows-{max_row_numel}"
+
+    return PersistentRowChoices
+
+
 def effective_mode(mode: str, device: str) -> str:
     """Compile only where it pays: on CPU the eager path runs (inductor's C++ build is slow)."""
     if mode not in COMPILE_MODES:
@@ -77,10 +115,14 @@ class CompiledFunction:
         name: str,
         dynamic: bool = True,
         extra_options: dict[str, Any] | None = None,
+        max_persistent_row_numel: int | None = None,
     ):
         self.name = name
         self.mode = mode
         self.extra_options = dict(extra_options or {})  # inductor config patches on top of the mode's
+        if os.environ.get(PERSISTENT_ROWS_ENV, "1") == "0":
+            max_persistent_row_numel = None
+        self.max_persistent_row_numel = max_persistent_row_numel
         self.num_compiles = 0
         self._num_compiles_at_warmup: int | None = None
         self._eager = fn
@@ -88,15 +130,26 @@ class CompiledFunction:
 
     def _compile(self, fn: Callable[..., Any], dynamic: bool) -> Callable[..., Any]:
         import torch
+        import torch._inductor.config as inductor_config
         from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.virtualized import V
 
         options = inductor_options(self.mode) | self.extra_options
+        choices = _row_choices(self.max_persistent_row_numel) if self.max_persistent_row_numel else None
+        if choices is not None:
+            if hasattr(inductor_config, "inductor_choices_class"):
+                options["inductor_choices_class"] = choices  # its uuid() keys the FX graph cache
+            else:
+                options["fx_graph_cache"] = False  # this torch cannot key its cache on the heuristic
 
         def counting_backend(graph_module, example_inputs):
             self.num_compiles += 1
             if self._num_compiles_at_warmup is not None:
                 logger.warning("%s: recompiled in traffic (compile #%d)", self.name, self.num_compiles)
-            return compile_fx(graph_module, example_inputs, config_patches=options)
+            if choices is None:
+                return compile_fx(graph_module, example_inputs, config_patches=options)
+            with V.set_choices_handler(choices()):
+                return compile_fx(graph_module, example_inputs, config_patches=options)
 
         return torch.compile(fn, backend=counting_backend, dynamic=dynamic)
 

@@ -40,3 +40,64 @@ def test_compiles_are_counted_and_recompiles_flagged(monkeypatch):
     compiled.finish_warmup()
     compiled(torch.randn(5, 3, 2))  # a new rank forces a compile after warmup
     assert compiled.num_recompiles == 1
+
+
+class _FakeSizeVars:
+    @staticmethod
+    def statically_known_leq(left, right) -> bool:
+        return int(left) <= int(right)
+
+
+class _FakeFeatures:
+    def __init__(self, reduction_numel: int, hint):
+        self.reduction_numel, self.hint = reduction_numel, hint
+
+    def get_reduction_hint(self):
+        return self.hint
+
+
+def test_dit_rows_up_to_4096_are_reduced_in_one_pass_and_others_keep_inductors_rule():
+    from torch._inductor.runtime.hints import ReductionHint
+    from torch._inductor.virtualized import V
+
+    from mstar.engine.compile import MAX_PERSISTENT_ROW_NUMEL, _row_choices
+
+    choices = _row_choices(MAX_PERSISTENT_ROW_NUMEL)
+    assert choices is not None and choices().uuid() == "mstar-persistent-rows-4096"
+    graph = type("FakeGraph", (), {"sizevars": _FakeSizeVars()})()
+    with V.set_graph_handler(graph):
+        decide = choices.should_use_persistent_reduction
+        assert decide(_FakeFeatures(3072, ReductionHint.INNER), False)  # Wan rows
+        assert decide(_FakeFeatures(3840, ReductionHint.INNER), False)  # Z-Image rows
+        assert not decide(_FakeFeatures(8192, ReductionHint.INNER), False)  # inductor's loop (> 1024)
+        assert decide(_FakeFeatures(512, ReductionHint.INNER), False)  # inductor's own rule
+
+
+def test_the_row_rule_is_in_force_while_inductor_compiles(monkeypatch):
+    import torch._inductor.compile_fx as compile_fx_module
+    import torch._inductor.config as inductor_config
+    from torch._inductor.virtualized import V
+
+    seen = {}
+
+    def capture(gm, inputs, config_patches=None):
+        seen["choices"] = type(V.choices).__name__
+        seen["patches"] = dict(config_patches or {})
+        return gm.forward
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", capture)
+    torch._dynamo.reset()
+    CompiledFunction(lambda x: x.sum(-1), "deterministic", "rows", max_persistent_row_numel=4096)(
+        torch.ones(2, 8)
+    )
+    assert seen["choices"] == "PersistentRowChoices"
+    if hasattr(inductor_config, "inductor_choices_class"):
+        assert seen["patches"]["inductor_choices_class"]().uuid() == "mstar-persistent-rows-4096"
+    else:
+        assert seen["patches"]["fx_graph_cache"] is False
+    monkeypatch.setenv("MSTAR_PERSISTENT_ROWS", "0")
+    torch._dynamo.reset()
+    CompiledFunction(lambda x: x.sum(-1), "deterministic", "rows", max_persistent_row_numel=4096)(
+        torch.ones(2, 8)
+    )
+    assert seen["choices"] != "PersistentRowChoices" and "inductor_choices_class" not in seen["patches"]
