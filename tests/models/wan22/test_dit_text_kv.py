@@ -1,0 +1,177 @@
+"""Cross-attention text keys/values computed once (WanDiT.text_kv) and reused: byte-identical outputs
+to computing them in every forward, per item alone, and cached per (request, label) by the denoiser
+(tiny config, fp32, CPU)."""
+
+import copy
+
+import pytest
+import torch
+
+from mstar.diffusion.denoise import COND, UNCOND
+from mstar.engine.attention import build_attention
+from mstar.graph import RequestState
+from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
+from mstar.models.wan22.config import tiny_wan22_config
+from mstar.models.wan22.denoise import TEXT_KV, WanDenoiseNode, WanDenoiser, WanHooks
+from mstar.models.wan22.dit import DiTInput, WanDiT
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["unfused", "fused"])
+def dit(request):
+    torch.manual_seed(0)
+    model = WanDiT(tiny_wan22_config().dit).eval()
+    if request.param:
+        model.fuse_projections()
+    return model
+
+
+def _attention():
+    return build_attention("torch", "cpu", torch.float32)
+
+
+def _items(seed: int = 1) -> list[DiTInput]:
+    """Items of different sizes, timesteps and text lengths (two share a timestep: a guidance pair).
+    Token counts avoid a few odd small ones (1, 2, 6, 9): CPU BLAS then picks other kernels for an
+    item's token GEMMs alone than packed, ~2e-7 apart; that is the tokens' GEMMs, not the text's."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(2, 8, 8, 16, 900.0), (2, 8, 8, 16, 900.0), (3, 6, 10, 9, 300.0), (1, 4, 8, 5, 10.0)]
+    items = []
+    for frames, height, width, text_len, timestep in shapes:
+        latents = torch.randn(16, frames, height, width, generator=generator)
+        items.append(DiTInput(latents, timestep, torch.randn(text_len, 16, generator=generator)))
+    return items
+
+
+def _with_text_kv(dit: WanDiT, items: list[DiTInput]) -> list[DiTInput]:
+    return [DiTInput(i.latents, i.timestep, None, i.num_clean_frames, dit.text_kv(i.text)) for i in items]
+
+
+def _assert_all_equal(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want)
+    for index, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(a, b), f"item {index}: max difference {float((a - b).abs().max()):.3g}"
+
+
+def test_text_kv_is_each_layers_normalised_keys_and_values(dit):
+    text = torch.randn(7, 16)
+    with torch.no_grad():
+        text_kv = dit.text_kv(text)
+        context = dit.condition_embedder.text_embedder(text)
+        config = dit.config
+        assert text_kv.shape == (config.num_layers, 2, 7, config.inner_dim)
+        assert text_kv.dtype == dit.dtype
+        for index, block in enumerate(dit.blocks):
+            attn = block.attn2
+            if attn.fused:
+                key, value = attn.to_kv(context).chunk(2, dim=-1)
+            else:
+                key, value = attn.to_k(context), attn.to_v(context)
+            assert torch.equal(text_kv[index, 0], attn.norm_k(key))
+            assert torch.equal(text_kv[index, 1], value)
+
+
+def test_precomputed_text_kv_equals_text_and_packed_equals_alone(dit):
+    items = _items()
+    with torch.no_grad():
+        from_text = dit(items, _attention())
+        cached = _with_text_kv(dit, items)
+        from_cache = dit(cached, _attention())
+        alone = [dit([item], _attention())[0] for item in cached]
+    _assert_all_equal(from_cache, from_text)
+    _assert_all_equal(from_cache, alone)  # an item's output does not depend on its company
+    assert not torch.equal(from_cache[0], from_cache[1])  # same latents, other text: the text matters
+
+
+def test_mixed_items_with_and_without_text_kv(dit):
+    items = _items(seed=2)
+    mixed = [item if index % 2 else _with_text_kv(dit, [item])[0] for index, item in enumerate(items)]
+    with torch.no_grad():
+        _assert_all_equal(dit(mixed, _attention()), dit(items, _attention()))
+
+
+def test_bad_text_kv_is_rejected(dit):
+    item = _items()[0]
+    with pytest.raises(ValueError, match="text_kv must be"):
+        dit([DiTInput(item.latents, item.timestep, text_kv=torch.zeros(1, 2, 4, 3))], _attention())
+    with pytest.raises(ValueError, match="text or text_kv"):
+        dit([DiTInput(item.latents, item.timestep)], _attention())
+
+
+def test_gradients_reach_the_text_projections_through_text_kv(dit):
+    from mstar.models.tiny_digits.train import TrainingAttention  # autograd-friendly attention
+
+    model = copy.deepcopy(dit).train()
+    (out,) = model(_items()[2:3], TrainingAttention())
+    out.square().mean().backward()
+    attn = model.blocks[0].attn2
+    projection = attn.to_kv if attn.fused else attn.to_k
+    assert projection.weight.grad is not None and projection.weight.grad.abs().sum() > 0
+    assert model.condition_embedder.text_embedder.linear_1.weight.grad.abs().sum() > 0
+
+
+class _UncachedDenoiser(WanDenoiser):
+    """The reference: the text goes to the DiT at every step (its keys/values computed each time)."""
+
+    def predict(self, items):
+        for item in items:
+            item.condition.pop(TEXT_KV, None)
+        inputs = [DiTInput(item.latents, item.timestep, item.text) for item in items]
+        return self.dit(inputs, self.attention)
+
+
+def _requests() -> list[RequestState]:
+    generator = torch.Generator().manual_seed(3)
+    fields = [
+        {"width": 32, "height": 32, "num_frames": 5, "guidance_scale": 5.0, "seed": 1},
+        {"width": 48, "height": 32, "num_frames": 9, "guidance_scale": 1.0, "seed": 2},
+        {"width": 32, "height": 48, "num_frames": 5, "guidance_scale": 3.0, "seed": 3},
+    ]
+    requests = []
+    for index, params in enumerate(fields):
+        request = RequestState(f"r{index}", dict(params, num_inference_steps=4))
+        request.tensors[PROMPT_EMBEDS] = torch.randn(5 + index, 16, generator=generator)
+        request.tensors[NEGATIVE_PROMPT_EMBEDS] = torch.randn(3, 16, generator=generator)
+        requests.append(request)
+    return requests
+
+
+def _denoise(node: WanDenoiseNode, requests: list[RequestState]) -> list[dict]:
+    """Every request through the loop together; the condition dicts as they were mid-loop."""
+    conditions = []
+    while not all(node.check_stop(request) for request in requests):
+        node.forward([request for request in requests if not node.check_stop(request)])
+        conditions = conditions or [dict(request.state[node.name].condition) for request in requests]
+    return conditions
+
+
+def test_denoiser_caches_text_kv_per_request_and_label(dit):
+    config = tiny_wan22_config()
+    hooks = WanHooks(config, "cpu", torch.float32)
+    calls = []
+
+    def counting_text_kv(text):
+        calls.append(text.shape[0])
+        return WanDiT.text_kv(dit, text)
+
+    reference = _requests()
+    _denoise(WanDenoiseNode(_UncachedDenoiser(dit, _attention()), hooks), reference)
+    cached_node = WanDenoiseNode(WanDenoiser(dit, _attention()), hooks)
+    cached = _requests()
+    dit.text_kv = counting_text_kv  # an instance attribute over the method: counts the calls
+    try:
+        conditions = _denoise(cached_node, cached)
+    finally:
+        del dit.text_kv
+    # Three requests, two with guidance: five (request, label) texts over four steps, each computed once.
+    assert calls == [config.max_text_tokens] * 5
+    assert [sorted(condition[TEXT_KV]) for condition in conditions] == [
+        [COND, UNCOND],
+        [COND],
+        [COND, UNCOND],
+    ]
+    for got, want in zip(cached, reference, strict=True):
+        assert torch.equal(got.tensors["latents"], want.tensors["latents"])
+        # The loop is over: the keys/values are freed at once, and release drops the whole state.
+        assert TEXT_KV not in got.state[cached_node.name].condition
+        cached_node.release(got)
+        assert cached_node.name not in got.state
