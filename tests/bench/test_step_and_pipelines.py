@@ -175,3 +175,26 @@ def test_serve_suite_command_fills_the_workload_and_table_prints_it(tmp_path, ca
     assert main(["table", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "### serve-suite: wan-480p-t2v" in printed and "| c=2 / c=1 throughput |" in printed
+
+
+@pytest.mark.parametrize("family,method", [("wan", "text_kv"), ("zimage", "refine_caption")])
+def test_step_keeps_text_only_work_across_steps_as_the_server_does(monkeypatch, family, method):
+    import torch
+
+    from mstar.bench import dit_inputs
+    from mstar.bench.configs import configs_for
+    from mstar.bench.ours import _dit_class, _dit_module, build_ours
+
+    configs = configs_for(family, tiny=True)
+    name = "tiny-wan-cfg" if family == "wan" else "tiny-zimage-c2"
+    items = dit_inputs.make_items(dit_inputs.STEP_WORKLOADS[name], configs, "cpu", torch.float32, seed=0)
+    dit_class = _dit_class(_dit_module(family))
+    calls = []
+    original = getattr(dit_class, method)
+    monkeypatch.setattr(dit_class, method, lambda self, *args: calls.append(1) or original(self, *args))
+    forward = build_ours(family, configs["transformer"], None, "cpu", torch.float32, "torch", "off")
+    with torch.inference_mode():
+        first = forward(items)
+        again = forward(items)
+    assert len(calls) == len({id(item["text"]) for item in items})  # once per text, at the first step
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
