@@ -40,6 +40,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return rotated.flatten(-2).type_as(x)
 
 
+def apply_rotary_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The same rotation with each head's pairs stored as halves (evens first, then odds: see
+    `halves_order`): contiguous loads instead of stride-2 ones. x [T, H, D]; cos/sin [T, 1, D/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+def halves_order(num_heads: int, head_dim: int) -> torch.Tensor:
+    """Feature order [H * D] that puts each head's interleaved pairs as halves: (0, 2, .., 1, 3, ..)."""
+    within_head = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+    return (torch.arange(num_heads)[:, None] * head_dim + within_head[None, :]).flatten()
+
+
 def rotary_tables(head_dim: int, max_seq_len: int, theta: float = 10000.0) -> list[torch.Tensor]:
     """Angles per position for the frame, height and width parts of a head: 3 float64 [max_seq_len, d/2]."""
     h_dim = w_dim = 2 * (head_dim // 6)
@@ -153,12 +166,14 @@ class WanAttention(nn.Module):
         self.norm_q = nn.RMSNorm(dim, eps=eps)
         self.norm_k = nn.RMSNorm(dim, eps=eps)
         self.fused: str | None = None  # None, "qkv" (self attention) or "kv" (cross attention)
+        self.rotary_halves = False  # q/k features in halves order (fused self attention)
 
     def fuse_projections(self, self_attention: bool) -> None:
         """Concatenate the projections that share an input; the separate weights are deleted."""
         if self.fused is not None:
             return
         if self_attention:
+            self._reorder_query_key_features()
             self.to_qkv = concat_linears([self.to_q, self.to_k, self.to_v])
             del self.to_q, self.to_k, self.to_v
             self.fused = "qkv"
@@ -166,6 +181,19 @@ class WanAttention(nn.Module):
             self.to_kv = concat_linears([self.to_k, self.to_v])
             del self.to_k, self.to_v
             self.fused = "kv"
+
+    def _reorder_query_key_features(self) -> None:
+        """Queries and keys (projection rows and RMS-norm weights) in halves order, so rotary reads
+        contiguous halves. Scores are dot products over each head, the same in any common feature
+        order, and values keep theirs: attention's output is unchanged."""
+        order = halves_order(self.heads, self.to_q.out_features // self.heads).to(self.to_q.weight.device)
+        with torch.no_grad():
+            for module in (self.to_q, self.to_k, self.norm_q, self.norm_k):
+                module.weight.copy_(module.weight[order])
+            for module in (self.to_q, self.to_k):
+                if module.bias is not None:
+                    module.bias.copy_(module.bias[order])
+        self.rotary_halves = True
 
     def _project_self(self, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v [T, dim] of self attention; views into one GEMM output when fused."""
@@ -198,8 +226,9 @@ class WanAttention(nn.Module):
         key = key.unflatten(-1, (self.heads, -1))
         value = value.unflatten(-1, (self.heads, -1))
         if rotary is not None:
-            query = apply_rotary(query, *rotary)
-            key = apply_rotary(key, *rotary)
+            rotate = apply_rotary_halves if self.rotary_halves else apply_rotary
+            query = rotate(query, *rotary)
+            key = rotate(key, *rotary)
         out = attention.run(label, query, key, value).flatten(-2).type_as(query)  # [T, dim]
         return self.to_out[0](out)
 

@@ -83,3 +83,18 @@ def test_fusing_turns_on_the_gelu_epilogue_which_cpu_leaves_alone(unfused_and_fu
     x = torch.randn(5, unfused.config.inner_dim)
     # CPU's _addmm_activation is the erf GELU, so the epilogue is CUDA-only: same result on CPU.
     assert torch.equal(fused.blocks[0].ffn.net[0](x), unfused.blocks[0].ffn.net[0](x))
+
+
+def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fused):
+    from mstar.models.wan22.dit_layers import apply_rotary, apply_rotary_halves, halves_order
+
+    num_heads, head_dim = 3, 8
+    order = halves_order(num_heads, head_dim)
+    assert order[:head_dim].tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    x = torch.randn(5, num_heads * head_dim)
+    angles = torch.randn(5, 1, head_dim // 2)
+    interleaved = apply_rotary(x.unflatten(-1, (num_heads, head_dim)), angles.cos(), angles.sin())
+    halves = apply_rotary_halves(x[:, order].unflatten(-1, (num_heads, head_dim)), angles.cos(), angles.sin())
+    assert torch.equal(halves.flatten(-2), interleaved.flatten(-2)[:, order])
+    _, fused = unfused_and_fused
+    assert all(block.attn1.rotary_halves and not block.attn2.rotary_halves for block in fused.blocks)
