@@ -9,7 +9,6 @@ walks, hand-offs, releases) are handled between forwards, which are the step bou
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from mstar.graph import Loop, ModelSpec, Node, Parallel, RequestState, Stage, st
 from mstar.runtime import messages as m
 from mstar.runtime.requests import RequestTable, WorkerRequest
 from mstar.runtime.shm import SegmentStore
+from mstar.runtime.step_timer import StepTimer
 from mstar.runtime.tensors import export_tensors, import_tensors
 from mstar.runtime.transport import Outboxes
 
@@ -54,6 +54,7 @@ class StepLoop:
             name: NodeQueue(node, num_recompiles=_recompiles(node)) for name, node in nodes.items()
         }
         self.table = RequestTable(on_release=self._release_nodes, released=released)
+        self.step_timer = StepTimer()
 
     # ---- messages ------------------------------------------------------------------------
 
@@ -263,7 +264,7 @@ class StepLoop:
     def _run_batch(self, queue: NodeQueue, batch: list[WorkerRequest]) -> None:
         node = queue.node
         cost = sum(_safe_cost(node, r.state) for r in batch)
-        started = time.perf_counter()
+        timing = self.step_timer.start()
         failure = _run_forward(node, batch)
         if failure is not None:
             message, out_of_memory = failure
@@ -273,8 +274,8 @@ class StepLoop:
             if out_of_memory:
                 release_cached_memory()  # the batch's tensors and the error's frames are gone now
             return
-        duration_s = time.perf_counter() - started
-        self.to_conductor(m.StepStats(node.name, len(batch), cost, duration_s))
+        self.step_timer.stop(timing, (node.name, len(batch), cost))
+        self.report_step_times()
         self._report_recompiles(queue)
         for request in batch:
             if isinstance(self._stage(request), Loop):
@@ -282,6 +283,11 @@ class StepLoop:
             else:
                 queue.waiting.pop(request.rid, None)
                 self._stage_done(request)
+
+    def report_step_times(self) -> None:
+        """StepStats for the steps whose device time is known by now (see StepTimer)."""
+        for (name, batch_size, cost), duration_s in self.step_timer.collect():
+            self.to_conductor(m.StepStats(name, batch_size, cost, duration_s))
 
     def _after_loop_step(self, queue: NodeQueue, request: WorkerRequest) -> None:
         node = queue.node

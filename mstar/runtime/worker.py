@@ -113,6 +113,7 @@ class Worker:
             self._drain(poller, 0 if self.loop.has_work() else IDLE_POLL_MS)
             if not self.stopping:
                 self.loop.run_round(lambda: self._drain(poller, 0))
+                self.loop.report_step_times()  # steps the device finished while the loop idled
         self.loop.release_all()
 
     def _drain(self, poller: zmq.Poller, timeout_ms: int) -> None:

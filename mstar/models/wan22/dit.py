@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from mstar.engine.attention import AttentionLayout
+from mstar.engine.transfer import to_device
 from mstar.models.wan22.config import WanDiTConfig
 from mstar.models.wan22.dit_layers import (
     ConditionEmbedder,
@@ -197,14 +198,15 @@ class WanDiT(nn.Module):
             rotary_sin.append(sin)
         token_counts = tuple(p.shape[0] for p in patches)
         timesteps, row_index = self._timestep_rows(items, grids, token_counts)
-        temb_rows, modulation_rows = self.condition_embedder.time_rows(timesteps.to(device), dtype)
+        # no host sync: a blocking copy here would wait for the previous step's kernels
+        temb_rows, modulation_rows = self.condition_embedder.time_rows(to_device(timesteps, device), dtype)
         text_kvs = [self._item_text_kv(item, device, dtype) for item in items]
         return PackedStep(
             tokens=torch.cat(patches).contiguous(),
             text_kv=text_kvs[0] if len(text_kvs) == 1 else torch.cat(text_kvs, dim=2),
             temb_rows=temb_rows,
             modulation_rows=modulation_rows,
-            row_index=row_index.to(device),
+            row_index=to_device(row_index, device),
             rotary=(torch.cat(rotary_cos), torch.cat(rotary_sin)),
             grids=grids,
             token_counts=token_counts,
