@@ -175,3 +175,33 @@ def test_denoiser_caches_text_kv_per_request_and_label(dit):
         assert TEXT_KV not in got.state[cached_node.name].condition
         cached_node.release(got)
         assert cached_node.name not in got.state
+
+
+@pytest.mark.gpu
+def test_compiled_layers_take_text_kv_in_one_graph_on_cuda():
+    """bf16 on CUDA, the server's compile path: new pack and text lengths compile nothing after the first call, and
+    the compiled stack over cached keys/values matches the eager one."""
+    device, dtype = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    eager = WanDiT(tiny_wan22_config().dit).to(device, dtype).eval()
+    eager.fuse_projections()
+    compiled = copy.deepcopy(eager)
+    compiled.compile_layers("deterministic")
+    attention = build_attention("torch", device, dtype)
+    generator = torch.Generator().manual_seed(4)
+    # Two items per call (one modulation row would specialise); text lengths avoid 24 (the width).
+    for sizes in (
+        [(2, 8, 8, 16), (1, 4, 8, 9)],
+        [(1, 6, 6, 5), (3, 8, 10, 16)],
+        [(2, 4, 4, 7), (2, 4, 4, 11)],
+    ):
+        items = []
+        for frames, height, width, text_len in sizes:
+            latents = torch.randn(16, frames, height, width, generator=generator).to(device)
+            text = torch.randn(text_len, 16, generator=generator).to(device, dtype)
+            items.append(DiTInput(latents, 500.0, text_kv=eager.text_kv(text)))
+        with torch.inference_mode():
+            for got, want in zip(compiled(items, attention), eager(items, attention), strict=True):
+                assert float((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
+        compiled.finish_warmup()  # after the first call: every later one must reuse its graph
+    assert compiled.num_recompiles == 0
