@@ -179,8 +179,8 @@ def test_denoiser_caches_text_kv_per_request_and_label(dit):
 
 @pytest.mark.gpu
 def test_compiled_layers_take_text_kv_in_one_graph_on_cuda():
-    """bf16 on CUDA, the server's compile path: new pack and text lengths compile nothing after the first call, and
-    the compiled stack over cached keys/values matches the eager one."""
+    """bf16 on CUDA, the server's compile path: new pack and text lengths compile nothing after the
+    first call, and the compiled stack over cached keys/values matches the eager one."""
     device, dtype = "cuda", torch.bfloat16
     torch.manual_seed(0)
     eager = WanDiT(tiny_wan22_config().dit).to(device, dtype).eval()
