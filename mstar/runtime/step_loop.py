@@ -23,6 +23,9 @@ from mstar.runtime.tensors import export_tensors, import_tensors
 from mstar.runtime.transport import Outboxes
 
 log = logging.getLogger("mstar.worker")
+# Steps queued on the device beyond the one running: 1 lets the host build the next step while the
+# current one runs (no device idle between steps) and keeps joins and aborts one step away.
+MAX_STEPS_IN_FLIGHT = 1
 
 
 @dataclass
@@ -275,6 +278,7 @@ class StepLoop:
                 release_cached_memory()  # the batch's tensors and the error's frames are gone now
             return
         self.step_timer.stop(timing, (node.name, len(batch), cost))
+        self.step_timer.bound_in_flight(MAX_STEPS_IN_FLIGHT)
         self.report_step_times()
         self._report_recompiles(queue)
         for request in batch:

@@ -4,6 +4,10 @@ On a GPU a forward is queued, not waited for, so the host's wall time around it 
 queueing (a step loop that never syncs runs ahead of the device). With CUDA in use, a pair of
 events brackets each forward and the duration is read once the end event has completed: polled,
 never waited on. Without CUDA (CPU workers) the host's wall time is the step's time.
+
+The loop may run ahead of the device by at most `max_in_flight` steps (`bound_in_flight`): the host
+builds step N+1 while step N runs, so the device never waits for the host, yet requests still join,
+leave and abort between steps at the pace the device runs them.
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ class StepTimer:
             payload, begin, end = self._pending.popleft()
             done.append((payload, begin.elapsed_time(end) / 1000))
         return done
+
+    def bound_in_flight(self, max_in_flight: int) -> None:
+        """Wait (on the oldest queued steps only) until at most `max_in_flight` are unfinished."""
+        while len(self._pending) > max_in_flight:
+            payload, begin, end = self._pending.popleft()
+            end.synchronize()
+            self._done.append((payload, begin.elapsed_time(end) / 1000))
 
     @property
     def num_pending(self) -> int:

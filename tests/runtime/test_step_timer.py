@@ -39,3 +39,22 @@ def test_cuda_steps_report_device_time_without_waiting():
     torch.cuda.synchronize()
     ((payload, seconds),) = timer.collect()
     assert payload == "matmuls" and seconds > 0.05
+
+
+@pytest.mark.gpu
+def test_the_loop_runs_at_most_the_bound_ahead_of_the_device():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.cuda.init()
+    x = torch.randn(8192, 8192, device="cuda")
+    timer = StepTimer()
+    for step in range(4):
+        token = timer.start()
+        for _ in range(5):
+            x = x @ x / 8192**0.5
+        timer.stop(token, step)
+        timer.bound_in_flight(1)
+        assert timer.num_pending <= 1
+    assert [payload for payload, _ in timer.collect()][:3] == [0, 1, 2]  # step 3 may still run
