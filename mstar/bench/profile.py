@@ -79,9 +79,10 @@ def _profile(fn, num_steps: int, device: str) -> list[tuple[str, float]]:
     return kernels
 
 
-def profile_workload(
-    name: str, mode: str, backend: str, num_timed: int, num_profiled: int, device: str = "cuda"
-) -> dict:
+def profile_family(
+    names: list[str], mode: str, backend: str, num_timed: int, num_profiled: int, device: str = "cuda"
+) -> list[dict]:
+    """Workloads of one family on one build of our DiT (one compile, the pack length dynamic)."""
     import torch
 
     from mstar.bench import dit_inputs
@@ -89,21 +90,31 @@ def profile_workload(
     from mstar.bench.ours import build_ours
     from mstar.bench.step import time_forward
 
-    workload = dit_inputs.STEP_WORKLOADS[name]
-    configs = configs_for(workload.family, tiny=name.startswith("tiny"))
+    family = dit_inputs.STEP_WORKLOADS[names[0]].family
+    configs = configs_for(family, tiny=names[0].startswith("tiny"))
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    items = dit_inputs.make_items(workload, configs, device, dtype, seed=0)
-    forward = build_ours(workload.family, configs["transformer"], None, device, dtype, backend, mode)
+    forward = build_ours(family, configs["transformer"], None, device, dtype, backend, mode)
+    results = []
+    for name in names:
+        items = dit_inputs.make_items(dit_inputs.STEP_WORKLOADS[name], configs, device, dtype, seed=0)
 
-    def step() -> None:
-        with torch.inference_mode():
-            forward(items)
+        def step(items=items) -> None:
+            with torch.inference_mode():
+                forward(items)
 
-    timing = time_forward(step, num_warmup=3, num_timed=num_timed, device=device)
-    summary = summarize_kernels(_profile(step, num_profiled, device), num_profiled)
-    summary["idle_ms_per_step"] = timing["median_ms"] - summary["kernel_ms_per_step"]
-    result = {"workload": name, "compile_mode": mode, "attention_backend": backend, **timing, **summary}
-    return result  # the model is freed with this frame; the caller empties the cache
+        try:
+            timing = time_forward(step, num_warmup=3, num_timed=num_timed, device=device)
+            summary = summarize_kernels(_profile(step, num_profiled, device), num_profiled)
+        except Exception as error:  # one failing workload keeps the others' figures
+            results.append(
+                {"workload": name, "compile_mode": mode, "error": f"{type(error).__name__}: {error}"}
+            )
+            continue
+        summary["idle_ms_per_step"] = timing["median_ms"] - summary["kernel_ms_per_step"]
+        results.append(
+            {"workload": name, "compile_mode": mode, "attention_backend": backend, **timing, **summary}
+        )
+    return results
 
 
 # (label, M, K, N): the token GEMMs of one step (Wan guidance pair 480p: 2 x 3510 tokens; Z-Image 1024:
@@ -199,18 +210,23 @@ def main(argv: list[str]) -> int:
     if args.gemms:
         gemms = gemm_table()
         print(gemm_markdown(gemms), flush=True)
+    from mstar.bench.dit_inputs import STEP_WORKLOADS
+
+    families: dict[str, list[str]] = {}
     for name in args.workloads.split(","):
+        families.setdefault(STEP_WORKLOADS[name].family, []).append(name)
+    for names in families.values():
         for mode in args.compile_modes.split(","):
             try:
-                runs.append(
-                    profile_workload(
-                        name, mode, args.attention_backend, args.num_timed, args.num_profiled, args.device
-                    )
+                found = profile_family(
+                    names, mode, args.attention_backend, args.num_timed, args.num_profiled, args.device
                 )
-            except Exception as error:  # one failing case keeps the others' figures
-                runs.append(
-                    {"workload": name, "compile_mode": mode, "error": f"{type(error).__name__}: {error}"}
-                )
+            except Exception as error:  # a failed build keeps the other families' figures
+                found = [
+                    {"workload": n, "compile_mode": mode, "error": f"{type(error).__name__}: {error}"}
+                    for n in names
+                ]
+            runs += found
             import torch
 
             if torch.cuda.is_available():
@@ -218,7 +234,7 @@ def main(argv: list[str]) -> int:
             output.write_text(
                 json.dumps({"runs": runs, "gemms": gemms, "env": env_info(sys.argv)}, indent=2, default=str)
             )
-            print(result_markdown(runs[-1:]), flush=True)
+            print(result_markdown(found), flush=True)
     output.with_suffix(".md").write_text((gemm_markdown(gemms) if gemms else "") + result_markdown(runs))
     return 0
 
