@@ -203,7 +203,8 @@ class WanDiT(nn.Module):
         text_kvs = [self._item_text_kv(item, device, dtype) for item in items]
         return PackedStep(
             tokens=torch.cat(patches).contiguous(),
-            text_kv=text_kvs[0] if len(text_kvs) == 1 else torch.cat(text_kvs, dim=2),
+            # contiguous either way (one item: a no-op), so the compiled stack sees one layout
+            text_kv=text_kvs[0].contiguous() if len(text_kvs) == 1 else torch.cat(text_kvs, dim=2),
             temb_rows=temb_rows,
             modulation_rows=modulation_rows,
             row_index=to_device(row_index, device),
