@@ -114,6 +114,14 @@ our_step() {  # our_step NAME WORKLOAD LIMIT_S: our DiT only (deterministic, fa3
   echo "step $1: exit $status at ${SECONDS}s"
 }
 
+guarded() {  # guarded NAME LIMIT_S COMMAND...: under the call's deadline, output kept in $out/NAME.out
+  local name=$1 limit=$(($2 < $(left_s) ? $2 : $(left_s)))
+  shift 2
+  [ "$limit" -gt 20 ] || { echo "$name: skipped (time guard)"; return 0; }
+  timeout -k 10 "$limit" "$@" > "$out/$name.out" 2>&1
+  echo "$name: exit $? at ${SECONDS}s"
+}
+
 ready() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
 
 server_pid=""
@@ -199,8 +207,11 @@ gpu_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKE
 case "$phase" in
   call1)
     missing "${SERVER_MODULES[@]}"  # said first: the serve phase at the end needs them
-    our_step wan-cfg wan-480p-cfg "${STEP_WAN_S:-130}"
-    our_step zimage-b1 zimage-1024-b1 "${STEP_ZIMAGE_S:-100}"
+    guarded profile 230 python3 -m mstar.bench.profile --workloads wan-480p-cfg,wan-720p-b1,zimage-1024-b1 \
+      --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
+    guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_step_timer.py \
+      tests/models/zimage/test_gpu_vae.py tests/models/wan22/test_dit_text_kv.py \
+      "tests/models/wan22/test_dit_gpu.py::test_gelu_epilogue_matches_the_separate_gelu_in_bf16"
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
@@ -211,7 +222,7 @@ case "$phase" in
   call2)
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 60 \
       --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
-      -- "${gpu_flags[@]}" ;;
+      --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
   baseline)
     require diffusers
     mstar bench diffusers --workloads wan-480p-t2v,zimage-1024 --modes "${DIFFUSERS_MODES:-eager,compiled}" \
@@ -221,13 +232,6 @@ case "$phase" in
     mstar bench diffusers --workloads wan-720p-t2v --modes eager --num-warmup 1 --num-timed 1 \
       -o "$out/diffusers-720p.json" ;;
   profile)  # where the time goes: DiT kernels by kind (two compile modes), Z-Image's stages outside it
-    guarded() {  # guarded NAME LIMIT_S COMMAND...: under the call's deadline, output kept in $out/NAME.out
-      local name=$1 limit=$(($2 < $(left_s) ? $2 : $(left_s)))
-      shift 2
-      [ "$limit" -gt 20 ] || { echo "$name: skipped (time guard)"; return 0; }
-      timeout -k 10 "$limit" "$@" > "$out/$name.out" 2>&1
-      echo "$name: exit $? at ${SECONDS}s"
-    }
     guarded profile-deterministic 270 python3 -m mstar.bench.profile --gemms --workloads wan-480p-cfg,zimage-1024-b1 \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile-deterministic.json"
     guarded stages 120 python3 -m mstar.bench.stages -o "$out/stages.json"
