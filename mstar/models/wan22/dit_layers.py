@@ -135,15 +135,8 @@ class _GeluProj(nn.Module):
     def __init__(self, dim_in: int, dim_out: int):
         super().__init__()
         self.proj = nn.Linear(dim_in, dim_out)
-        # Set by WanBlock.fuse_projections: on CUDA the GELU runs in the GEMM's epilogue (cuBLASLt),
-        # saving a read and a write of [T, dim_out] (the widest activation of the block).
-        self.gelu_epilogue = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gelu_epilogue and x.is_cuda and x.dim() == 2:
-            # x [T, dim_in] @ weight.T + bias, then tanh-GELU on the float32 accumulator (torch's CUDA
-            # _addmm_activation uses the tanh approximation, diffusers' "gelu-approximate").
-            return torch._addmm_activation(self.proj.bias, x, self.proj.weight.t(), use_gelu=True)
         return F.gelu(self.proj(x), approximate="tanh")
 
 
@@ -246,7 +239,6 @@ class WanBlock(nn.Module):
     def fuse_projections(self) -> None:
         self.attn1.fuse_projections(self_attention=True)
         self.attn2.fuse_projections(self_attention=False)
-        self.ffn.net[0].gelu_epilogue = True
 
     def forward(self, x, text_kv, modulation_rows, row_index, rotary, attention) -> torch.Tensor:
         """x [T, dim]; text_kv [2, Tkv, dim] this layer's cross-attention keys and values (from
