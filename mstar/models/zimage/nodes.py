@@ -22,6 +22,16 @@ FRAMES = "frames"
 DEFAULT_WARMUP_SIZES = ((1024, 1024),)
 
 
+def as_inference_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous inference-mode tensor. Dynamo guards on a tensor's dispatch keys, and inference
+    tensors have others than normal ones: warmup latents are made in inference mode, the loop's
+    final latents are not, and the difference alone recompiled the decode (seen on the H200)."""
+    if tensor.is_inference() and tensor.is_contiguous():
+        return tensor
+    with torch.inference_mode():
+        return tensor.clone(memory_format=torch.contiguous_format)
+
+
 class CheckedCompiledDecode:
     """`vae.decode_frames` compiled with static shapes (one graph per latent size). The first decode
     of each size also runs the eager decode and compares the uint8 frames: below
@@ -47,7 +57,7 @@ class CheckedCompiledDecode:
         size = (latents.shape[-2], latents.shape[-1])
         if self.compile_mode == "off" or size in self.eager_sizes:
             return self.vae.decode_frames(latents)
-        frames = self.compiled(latents)
+        frames = self.compiled(as_inference_tensor(latents))
         if size not in self.psnr_db_by_size:
             frames = self._check(size, latents, frames)
         return frames

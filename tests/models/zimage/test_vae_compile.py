@@ -108,3 +108,37 @@ def test_compiles_after_warmup_count_as_recompiles(vae, monkeypatch):
     decode_request(node, latents_for(24, 16))
     assert node.num_recompiles() == 1
     assert set(node.decode.psnr_db_by_size) == {(16, 16), (8, 12)}
+
+
+def test_latents_reach_the_compiled_decode_as_contiguous_inference_tensors():
+    from mstar.models.zimage.nodes import as_inference_tensor
+
+    normal = torch.randn(16, 8, 6)
+    converted = as_inference_tensor(normal)
+    assert converted.is_inference() and torch.equal(converted, normal)
+    transposed = as_inference_tensor(torch.randn(16, 6, 8).transpose(1, 2))
+    assert transposed.is_inference() and transposed.is_contiguous()
+    with torch.inference_mode():
+        already = torch.randn(16, 8, 6)
+    assert as_inference_tensor(already) is already  # no copy when it is one already
+
+
+def test_a_normal_tensor_after_an_inference_one_would_recompile_without_the_conversion():
+    from torch._dynamo.testing import CompileCounter
+
+    from mstar.models.zimage.nodes import as_inference_tensor
+
+    def run(convert: bool) -> int:
+        counter = CompileCounter()
+        decode = torch.compile(lambda x: x * 2 + 1, backend=counter, dynamic=False)
+        with torch.inference_mode():
+            decode(torch.randn(4, 3))  # warmup: made in inference mode
+        request = torch.randn(4, 3)  # the loop's final latents: a normal tensor
+        with torch.inference_mode():
+            decode(as_inference_tensor(request) if convert else request)
+        return counter.frame_count
+
+    torch._dynamo.reset()
+    assert run(convert=False) == 2  # the mechanism seen on the H200
+    torch._dynamo.reset()
+    assert run(convert=True) == 1
