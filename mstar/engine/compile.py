@@ -21,10 +21,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 COMPILE_MODES = ("deterministic", "default", "max-autotune", "off")
-# DiT rows (Wan 3072, Z-Image 3840 features) are normalised in one pass with the row held on chip
-# (a persistent reduction) instead of inductor's default above 1024, a loop that reads every row
-# twice. A rule, not a timing, so it holds in deterministic mode. MSTAR_PERSISTENT_ROWS=0: default.
-MAX_PERSISTENT_ROW_NUMEL = 4096
+# MSTAR_PERSISTENT_ROWS=0 turns off the DiT stacks' persistent-row rule (mstar.engine.inductor_choices).
 PERSISTENT_ROWS_ENV = "MSTAR_PERSISTENT_ROWS"
 _warned_no_deterministic = False
 
@@ -63,36 +60,13 @@ def _warn_no_deterministic() -> None:
         _warned_no_deterministic = True
 
 
-def _row_choices(max_row_numel: int):
-    """Inductor heuristics (its documented InductorChoices hook) with persistent row reductions up
-    to `max_row_numel` elements; None when this torch lacks the hook."""
+def _row_choices():
+    """The persistent-row heuristics class, or None when this torch lacks inductor's hook."""
     try:
-        from torch._inductor.choices import InductorChoices
-        from torch._inductor.runtime.hints import ReductionHint
-        from torch._inductor.virtualized import V
+        from mstar.engine.inductor_choices import PersistentRowChoices
     except ImportError:
         return None
-    if not hasattr(InductorChoices, "should_use_persistent_reduction"):
-        return None
-
-    class PersistentRowChoices(InductorChoices):
-        @staticmethod
-        def should_use_persistent_reduction(features, cooperative_reduction) -> bool:
-            import torch._inductor.config as inductor_config
-
-            row_wise = features.get_reduction_hint() == ReductionHint.INNER and not cooperative_reduction
-            if (
-                row_wise
-                and inductor_config.triton.persistent_reductions
-                and V.graph.sizevars.statically_known_leq(features.reduction_numel, max_row_numel)
-            ):
-                return True
-            return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
-
-        def uuid(self) -> str:  # keys inductor's FX graph cache (torch versions that take a factory)
-            return f"mstar-persistent-rows-{max_row_numel}"
-
-    return PersistentRowChoices
+    return PersistentRowChoices if hasattr(PersistentRowChoices, "should_use_persistent_reduction") else None
 
 
 def effective_mode(mode: str, device: str) -> str:
@@ -115,14 +89,13 @@ class CompiledFunction:
         name: str,
         dynamic: bool = True,
         extra_options: dict[str, Any] | None = None,
-        max_persistent_row_numel: int | None = None,
+        persistent_rows: bool = False,
     ):
         self.name = name
         self.mode = mode
         self.extra_options = dict(extra_options or {})  # inductor config patches on top of the mode's
-        if os.environ.get(PERSISTENT_ROWS_ENV, "1") == "0":
-            max_persistent_row_numel = None
-        self.max_persistent_row_numel = max_persistent_row_numel
+        # the DiT stacks' reduction rule (mstar.engine.inductor_choices); the env switch turns it off
+        self.persistent_rows = persistent_rows and os.environ.get(PERSISTENT_ROWS_ENV, "1") != "0"
         self.num_compiles = 0
         self._num_compiles_at_warmup: int | None = None
         self._eager = fn
@@ -135,7 +108,7 @@ class CompiledFunction:
         from torch._inductor.virtualized import V
 
         options = inductor_options(self.mode) | self.extra_options
-        choices = _row_choices(self.max_persistent_row_numel) if self.max_persistent_row_numel else None
+        choices = _row_choices() if self.persistent_rows else None
         if choices is not None:
             if hasattr(inductor_config, "inductor_choices_class"):
                 options["inductor_choices_class"] = choices  # its uuid() keys the FX graph cache

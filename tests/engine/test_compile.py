@@ -60,10 +60,13 @@ def test_dit_rows_up_to_4096_are_reduced_in_one_pass_and_others_keep_inductors_r
     from torch._inductor.runtime.hints import ReductionHint
     from torch._inductor.virtualized import V
 
-    from mstar.engine.compile import MAX_PERSISTENT_ROW_NUMEL, _row_choices
+    from mstar.engine.compile import _row_choices
+    from mstar.engine.inductor_choices import PersistentRowChoices
 
-    choices = _row_choices(MAX_PERSISTENT_ROW_NUMEL)
+    choices = _row_choices()
     assert choices is not None and choices().uuid() == "mstar-persistent-rows-4096"
+    # inductor serialises its cache key (which holds the class) by the class's module and name
+    assert choices is PersistentRowChoices and "<locals>" not in choices.__qualname__
     graph = type("FakeGraph", (), {"sizevars": _FakeSizeVars()})()
     with V.set_graph_handler(graph):
         decide = choices.should_use_persistent_reduction
@@ -87,9 +90,7 @@ def test_the_row_rule_is_in_force_while_inductor_compiles(monkeypatch):
 
     monkeypatch.setattr(compile_fx_module, "compile_fx", capture)
     torch._dynamo.reset()
-    CompiledFunction(lambda x: x.sum(-1), "deterministic", "rows", max_persistent_row_numel=4096)(
-        torch.ones(2, 8)
-    )
+    CompiledFunction(lambda x: x.sum(-1), "deterministic", "rows", persistent_rows=True)(torch.ones(2, 8))
     assert seen["choices"] == "PersistentRowChoices"
     if hasattr(inductor_config, "inductor_choices_class"):
         assert seen["patches"]["inductor_choices_class"]().uuid() == "mstar-persistent-rows-4096"
@@ -97,7 +98,5 @@ def test_the_row_rule_is_in_force_while_inductor_compiles(monkeypatch):
         assert seen["patches"]["fx_graph_cache"] is False
     monkeypatch.setenv("MSTAR_PERSISTENT_ROWS", "0")
     torch._dynamo.reset()
-    CompiledFunction(lambda x: x.sum(-1), "deterministic", "rows", max_persistent_row_numel=4096)(
-        torch.ones(2, 8)
-    )
+    CompiledFunction(lambda x: x.sum(-1), "deterministic", "rows", persistent_rows=True)(torch.ones(2, 8))
     assert seen["choices"] != "PersistentRowChoices" and "inductor_choices_class" not in seen["patches"]

@@ -106,14 +106,12 @@ class WanDiT(nn.Module):
 
     def compile_layers(self, mode: str) -> None:
         """Compile the layer stack once with the pack length dynamic (mstar.engine.compile modes)."""
-        from mstar.engine.compile import MAX_PERSISTENT_ROW_NUMEL, CompiledFunction
+        from mstar.engine.compile import CompiledFunction
 
         self._layers = (
             self.run_layers
             if mode == "off"
-            else CompiledFunction(
-                self.run_layers, mode, "wan.dit.layers", max_persistent_row_numel=MAX_PERSISTENT_ROW_NUMEL
-            )
+            else CompiledFunction(self.run_layers, mode, "wan.dit.layers", persistent_rows=True)
         )
 
     def finish_warmup(self) -> None:

@@ -130,17 +130,16 @@ class ZImageDiT(nn.Module):
         """Compile the main layer stack and the noise refiner (image tokens: eager it is a dozen
         memory-bound passes per layer over [T, dim]) once each, pack length dynamic. The context
         refiner stays eager: captions are short and their lengths would tie to table sizes."""
-        from mstar.engine.compile import MAX_PERSISTENT_ROW_NUMEL, CompiledFunction
+        from mstar.engine.compile import CompiledFunction
 
         if mode == "off":
             self._run_layers, self._run_noise_refiner = self._layer_stack, self._noise_refiner_stack
             return
-        rows = MAX_PERSISTENT_ROW_NUMEL
         self._run_layers = CompiledFunction(
-            self._layer_stack, mode, "zimage.dit.layers", max_persistent_row_numel=rows
+            self._layer_stack, mode, "zimage.dit.layers", persistent_rows=True
         )
         self._run_noise_refiner = CompiledFunction(
-            self._noise_refiner_stack, mode, "zimage.dit.noise_refiner", max_persistent_row_numel=rows
+            self._noise_refiner_stack, mode, "zimage.dit.noise_refiner", persistent_rows=True
         )
 
     def _compiled_parts(self) -> list:
