@@ -44,7 +44,15 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|profile|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
+  shift
+  staging=$(mktemp -d)
+  for wheel in $(for dir in "$@"; do ls "$dir"/*.whl; done); do python3 -m zipfile -e "$wheel" "$staging/"; done
+  mkdir -p .whl_pack && tar cf - -C "$staging" . | xz -T0 -6 > .whl_pack/site.tar.xz && rm -rf "$staging"
+  ls -la .whl_pack
+  exit 0
+fi
 if [ "$phase" = server-deps ]; then  # local: the server's requirements pinned as .venv has them
   .venv/bin/python -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click|opentelemetry.api)==' | tr '\n' ' '
   exit 0
@@ -58,10 +66,8 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2)  # call 1's packages stay in /tmp/site while the machine is held; a fresh one needs them again
-    wheel_dirs=(.whl_av)
-    [ -d /tmp/site/fastapi ] || wheel_dirs+=(.whl_srv)
-    compgen -G "/tmp/site/fa3_fwd*.dist-info" > /dev/null || wheel_dirs+=(.whl_fa3) ;;
+  call2)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+    wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
 wheels=()
@@ -71,6 +77,11 @@ done
 if [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${wheels[@]}" || exit 1
 fi
+# .whl_pack/*.tar.xz: wheels unpacked and xz-compressed (PyAV + fa3-fwd + the server's deps fit the
+# 64 MiB carry only this way; make one with `bash bench/h200.sh pack DIR...`).
+for pack in .whl_pack/*.tar.xz; do
+  [ -e "$pack" ] && { mkdir -p /tmp/site && tar xJf "$pack" -C /tmp/site || exit 1; }
+done
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 
@@ -222,7 +233,11 @@ case "$phase" in
   call2)
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 60 \
       --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
-      --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
+      --poll-interval 0.05 -- "${gpu_flags[@]}"
+    guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/zimage/test_gpu_vae.py \
+      tests/models/wan22/test_dit_text_kv.py
+    guarded profile-zimage 150 python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
+      --compile-modes deterministic --attention-backend fa3 -o "$out/profile-zimage.json" ;;
   baseline)
     require diffusers
     mstar bench diffusers --workloads wan-480p-t2v,zimage-1024 --modes "${DIFFUSERS_MODES:-eager,compiled}" \
