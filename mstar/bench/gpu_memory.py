@@ -65,6 +65,7 @@ class PeakMemoryPoller:
         self._read = found[1] if found else None
         self.interval_s = interval_s
         self.peak_bytes: int | None = None
+        self.window_peak_bytes: int | None = None  # since the last start_window()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -74,6 +75,13 @@ class PeakMemoryPoller:
         except Exception:  # a failed sample must not end the benchmark
             return
         self.peak_bytes = used if self.peak_bytes is None else max(self.peak_bytes, used)
+        self.window_peak_bytes = used if self.window_peak_bytes is None else max(self.window_peak_bytes, used)
+
+    def start_window(self) -> None:
+        """Start a new window (e.g. one benchmark phase): window_peak_gib covers only what follows."""
+        self.window_peak_bytes = None
+        if self._read is not None:
+            self._sample()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -95,3 +103,7 @@ class PeakMemoryPoller:
     @property
     def peak_gib(self) -> float | None:
         return None if self.peak_bytes is None else self.peak_bytes / (1024 * MIB)
+
+    @property
+    def window_peak_gib(self) -> float | None:
+        return None if self.window_peak_bytes is None else self.window_peak_bytes / (1024 * MIB)

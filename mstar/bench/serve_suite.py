@@ -153,6 +153,7 @@ class _Session:
         self.per_request_s: float | None = None  # the steady c=1 latency: the time guard's estimate
         self.mixed_zero: RequestRecord | None = None  # request 0 of the mixed run (it had company)
         self.result: dict[str, Any] = {"phases": {}, "skipped": [], "recompiles": {}}
+        self.memory: PeakMemoryPoller | None = None  # set while the phases run
 
     def remaining_s(self) -> float:
         return self.options.max_duration_s - (time.perf_counter() - self.start_s)
@@ -183,8 +184,12 @@ class _Session:
 
     async def closed(self, name: str, options: ServeOptions, concurrency: int) -> list[RequestRecord]:
         before = node_seconds_from_metrics(await scrape_metrics(self.client) or "")
+        if self.memory is not None:
+            self.memory.start_window()
         records = await closed_loop(self.client, options, concurrency, first_index=0)
         self.result["phases"][name] = phase_entry(records, self.kind, concurrency)
+        if self.memory is not None:  # device-wide (NVML): includes what the server's allocator keeps
+            self.result["phases"][name]["peak_gpu_memory_gib"] = self.memory.window_peak_gib
         after = node_seconds_from_metrics(await scrape_metrics(self.client) or "")
         self.result["phases"][name]["nodes"] = node_breakdown(before, after, len(records))
         await self.scrape(f"after_{name}")
@@ -276,6 +281,7 @@ def summary(result: dict[str, Any], kind: str, high_concurrency: int) -> dict[st
         else recompiles["after_mixed"] - mixed_before,
         "recompiles_in_traffic": None if None in (first, last) else last - first,
         "peak_gpu_memory_gib": result.get("peak_gpu_memory_gib"),
+        "peak_gpu_memory_c1_gib": steady.get("peak_gpu_memory_gib"),
     }
 
 
@@ -300,6 +306,7 @@ async def _run(options: SuiteOptions, on_update: Callable[[dict], None]) -> dict
 
         session.on_update = update
         with PeakMemoryPoller() as memory:
+            session.memory = memory
             await _phases(session)
         update(session.result)
         return session.result

@@ -71,6 +71,7 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             "0",
         ),
         ("peak GPU memory GiB", _fmt(s.get("peak_gpu_memory_gib"), 1), ""),
+        ("peak GPU memory at c=1 GiB", _fmt(s.get("peak_gpu_memory_c1_gib"), 1), ""),
         ("parity: repeat alone", _parity_cell(parity.get("repeat_alone")), "inf"),
     ]
     rows += [
@@ -135,6 +136,8 @@ def suite_comparison_rows(result: dict[str, Any], pipelines: list[dict]) -> list
         f"({_fmt(s.get('recompiles_in_mixed'))}) | - | - | target 0 | - |",
         f"| {workload} peak GPU memory while serving | GiB | {_fmt(s.get('peak_gpu_memory_gib'), 1)} | "
         f"{_cell(base.get('peak_memory_gib'), mark, 1)} | - | - | - |",
+        f"| {workload} peak GPU memory during the c=1 phase (device-wide) | GiB | "
+        f"{_fmt(s.get('peak_gpu_memory_c1_gib'), 1)} | {_cell(base.get('peak_memory_gib'), mark, 1)} | - | - | - |",
     ]
     parity = result.get("parity", {})
     for name, entry in parity.items():

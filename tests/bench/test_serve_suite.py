@@ -186,3 +186,15 @@ def test_time_guard_skips_what_does_not_fit():
         result = run_serve_suite(options)
     assert result["cold"]["ok"] and result["phases"] == {}
     assert [note.split(":")[0] for note in result["skipped"]] == ["steady_c1", "c2", "mixed"]
+
+
+def test_peak_memory_windows_cover_only_their_phase():
+    from mstar.bench.gpu_memory import PeakMemoryPoller
+
+    readings = iter([5, 9, 3, 4])
+    poller = PeakMemoryPoller(interval_s=60.0, reader=("fake", lambda: next(readings) * 2**30))
+    with poller:  # samples 5 at start
+        poller._sample()  # 9: the boot-time peak
+        poller.start_window()  # samples 3
+        poller._sample()  # 4
+    assert poller.peak_gib == 9.0 and poller.window_peak_gib == 4.0
