@@ -56,6 +56,16 @@ class DenoiseItem:
     condition: dict[str, Any]  # DenoiseStart.condition of the request
 
 
+def kept_per_label(item: DenoiseItem, key: str, compute: Callable[[], Any]) -> Any:
+    """A value computed at the request's first step for this item's label and kept in the request's
+    condition under `key` (label -> value) for its other steps; it leaves with the request. For work
+    that depends on the text only (cross-attention keys/values, a refined caption)."""
+    kept = item.condition.setdefault(key, {})
+    if item.label not in kept:
+        kept[item.label] = compute()
+    return kept[item.label]
+
+
 class Denoiser(Protocol):
     def predict(self, items: list[DenoiseItem]) -> list[torch.Tensor]:
         """One output per item, shaped like item.latents, in the same order."""

@@ -6,9 +6,12 @@ segment lengths travel on the host (they become an `AttentionLayout`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def pack_segments(segments: Sequence[torch.Tensor]) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -26,3 +29,13 @@ def segment_index(lens: Sequence[int], device: str | torch.device = "cpu") -> to
     """Token -> segment index, int64 [sum n_i] (e.g. to gather a per-item table over packed tokens)."""
     counts = torch.tensor(list(lens), dtype=torch.int64)
     return torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int64), counts).to(device)
+
+
+def bounded_cache_get(cache: dict, key: Hashable, build: Callable[[], T], max_entries: int = 64) -> T:
+    """cache[key], built on first use; the oldest entry leaves once `max_entries` are held. For
+    per-size tables (rotary angles, token maps) that repeat every step: a handful of sizes at most."""
+    if key not in cache:
+        if len(cache) >= max_entries:
+            cache.pop(next(iter(cache)))
+        cache[key] = build()
+    return cache[key]

@@ -8,11 +8,12 @@ the final latents.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 
-from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart
+from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart, kept_per_label
 from mstar.diffusion.noise import seeded_noise
 from mstar.diffusion.samplers import UniPCSampler
 from mstar.graph import RequestState
@@ -65,16 +66,14 @@ class WanDenoiser:
                 num_clean = first_frame.shape[1]
                 latents = torch.cat([first_frame, latents[:, num_clean:]], dim=1)
             inputs.append(
-                DiTInput(latents, item.timestep, num_clean_frames=num_clean, text_kv=self._text_kv(item))
+                DiTInput(
+                    latents,
+                    item.timestep,
+                    num_clean_frames=num_clean,
+                    text_kv=kept_per_label(item, TEXT_KV, partial(self.dit.text_kv, item.text)),
+                )
             )
         return self.dit(inputs, self.attention)
-
-    def _text_kv(self, item: DenoiseItem) -> torch.Tensor:
-        """The label's text keys/values, from the request's cache (computed alone on first use)."""
-        cache = item.condition.setdefault(TEXT_KV, {})
-        if item.label not in cache:
-            cache[item.label] = self.dit.text_kv(item.text)
-        return cache[item.label]
 
 
 class WanHooks:

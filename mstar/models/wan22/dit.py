@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mstar.diffusion.packing import bounded_cache_get
 from mstar.engine.attention import AttentionLayout
 from mstar.engine.transfer import to_device
 from mstar.models.wan22.config import WanDiTConfig
@@ -228,13 +229,12 @@ class WanDiT(nn.Module):
         self, grid: tuple[int, int, int], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary cos/sin of one patch grid, cached on the device (sizes repeat every step)."""
-        key = (grid, str(device))
-        if key not in self._rotary_cache:
-            if len(self._rotary_cache) >= MAX_CACHED_GRIDS:
-                self._rotary_cache.pop(next(iter(self._rotary_cache)))
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
             cos, sin = grid_rotary(self._rotary_tables, grid)
-            self._rotary_cache[key] = (cos.to(device), sin.to(device))
-        return self._rotary_cache[key]
+            return cos.to(device), sin.to(device)
+
+        return bounded_cache_get(self._rotary_cache, (grid, str(device)), build, MAX_CACHED_GRIDS)
 
     @staticmethod
     def _timestep_rows(items, grids, token_counts) -> tuple[torch.Tensor, torch.Tensor]:

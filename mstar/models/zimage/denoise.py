@@ -9,9 +9,11 @@ pos + scale * (pos - neg).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart
+from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart, kept_per_label
 from mstar.diffusion.noise import seeded_noise
 from mstar.diffusion.samplers import FlowMatchEulerSampler, linear_sigmas
 from mstar.graph import RequestState
@@ -77,18 +79,12 @@ class ZImageDenoiser:
                     item.latents.to(self.device),
                     model_timestep(item.timestep),
                     caption,
-                    refined_caption=self._refined_caption(item, caption),
+                    refined_caption=kept_per_label(
+                        item, REFINED_CAPTIONS, partial(self.dit.refine_caption, caption, self.attn)
+                    ),
                 )
             )
         return [-out.float() for out in self.dit(inputs, self.attn)]  # the scheduler wants -velocity
-
-    def _refined_caption(self, item: DenoiseItem, caption: torch.Tensor) -> torch.Tensor:
-        """The caption after the context refiner, computed at the request's first step and kept in
-        its condition dict (per label) for the remaining steps; it leaves with the request."""
-        cache = item.condition.setdefault(REFINED_CAPTIONS, {})
-        if item.label not in cache:
-            cache[item.label] = self.dit.refine_caption(caption, self.attn)
-        return cache[item.label]
 
 
 class ZImageHooks:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mstar.diffusion.packing import bounded_cache_get
 from mstar.engine.attention import AttentionLayout
 from mstar.engine.transfer import to_device
 from mstar.models.zimage.config import DiTConfig, from_json_dict
@@ -179,13 +180,6 @@ class ZImageDiT(nn.Module):
         img_pos[: geo.num_image, 2] = grid_w.flatten()
         return img_pos, cap_pos
 
-    def _cached(self, key: tuple, build) -> tuple[torch.Tensor, ...]:
-        if key not in self._layout_cache:
-            if len(self._layout_cache) >= MAX_CACHED_LAYOUTS:
-                self._layout_cache.pop(next(iter(self._layout_cache)))
-            self._layout_cache[key] = build()
-        return self._layout_cache[key]
-
     def _item_rope(self, geo: ItemGeometry, device: torch.device) -> tuple[torch.Tensor, ...]:
         """(image cos, image sin, caption cos, caption sin) of one geometry, each [N, head_dim/2]."""
 
@@ -193,7 +187,7 @@ class ZImageDiT(nn.Module):
             img_pos, cap_pos = self._position_ids(geo, device)
             return (*self.rope(img_pos), *self.rope(cap_pos))
 
-        return self._cached(("rope", geo, str(device)), build)
+        return bounded_cache_get(self._layout_cache, ("rope", geo, str(device)), build, MAX_CACHED_LAYOUTS)
 
     def _token_items(self, lens: list[int], device: torch.device) -> torch.Tensor:
         """Item index of every packed token [sum lens], made on the device (no host sync)."""
@@ -202,7 +196,8 @@ class ZImageDiT(nn.Module):
             items = [torch.full((n,), i, dtype=torch.long, device=device) for i, n in enumerate(lens)]
             return (torch.cat(items),)
 
-        return self._cached(("items", tuple(lens), str(device)), build)[0]
+        key = ("items", tuple(lens), str(device))
+        return bounded_cache_get(self._layout_cache, key, build, MAX_CACHED_LAYOUTS)[0]
 
     def plan(self, attn, geometries: list[ItemGeometry]) -> None:
         """The image refiner and the main layers; the text refiner plans in refine_caption."""
