@@ -23,19 +23,9 @@ PNG_COMPRESS_LEVELS = (6, 1)
 
 
 def _cuda_ms(fn, num_timed: int) -> float:
-    import torch
+    from mstar.bench.step import time_forward
 
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(num_timed):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    return median(times)
+    return time_forward(fn, num_warmup=1, num_timed=num_timed, device="cuda")["median_ms"]
 
 
 def time_text_encoder(num_timed: int) -> dict[str, Any]:
