@@ -190,6 +190,17 @@ def result_markdown(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _profile_or_errors(names: list[str], mode: str, args: argparse.Namespace) -> list[dict]:
+    try:
+        return profile_family(
+            names, mode, args.attention_backend, args.num_timed, args.num_profiled, args.device
+        )
+    except Exception as error:  # a failed build keeps the other families' figures
+        return [
+            {"workload": n, "compile_mode": mode, "error": f"{type(error).__name__}: {error}"} for n in names
+        ]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m mstar.bench.profile", description=__doc__)
     parser.add_argument("--workloads", default="wan-480p-cfg,zimage-1024-b1")
@@ -201,39 +212,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gemms", action="store_true", help="first, the step's GEMM shapes alone")
     parser.add_argument("-o", "--output", default="bench-results/profile.json")
     args = parser.parse_args(argv)
+    import torch
+
+    from mstar.bench.dit_inputs import STEP_WORKLOADS
     from mstar.bench.env import env_info
 
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    runs: list[dict] = []
-    gemms: list[dict] = []
-    if args.gemms:
-        gemms = gemm_table()
+    gemms = gemm_table() if args.gemms else []
+    if gemms:
         print(gemm_markdown(gemms), flush=True)
-    from mstar.bench.dit_inputs import STEP_WORKLOADS
-
     families: dict[str, list[str]] = {}
     for name in args.workloads.split(","):
         families.setdefault(STEP_WORKLOADS[name].family, []).append(name)
+    runs: list[dict] = []
     for names in families.values():
         for mode in args.compile_modes.split(","):
-            try:
-                found = profile_family(
-                    names, mode, args.attention_backend, args.num_timed, args.num_profiled, args.device
-                )
-            except Exception as error:  # a failed build keeps the other families' figures
-                found = [
-                    {"workload": n, "compile_mode": mode, "error": f"{type(error).__name__}: {error}"}
-                    for n in names
-                ]
+            found = _profile_or_errors(names, mode, args)
             runs += found
-            import torch
-
             if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            output.write_text(
-                json.dumps({"runs": runs, "gemms": gemms, "env": env_info(sys.argv)}, indent=2, default=str)
-            )
+                torch.cuda.empty_cache()  # the family's model is gone: the next one starts clean
+            record = {"runs": runs, "gemms": gemms, "env": env_info(sys.argv)}
+            output.write_text(json.dumps(record, indent=2, default=str))  # kept if a later build dies
             print(result_markdown(found), flush=True)
     output.with_suffix(".md").write_text((gemm_markdown(gemms) if gemms else "") + result_markdown(runs))
     return 0
