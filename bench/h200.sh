@@ -34,11 +34,15 @@
 # Knobs (environment): COMPILE_MODES (off,deterministic), ATTENTION_BACKENDS (fa3),
 # DIFFUSERS_MODES (eager), NUM_REQUESTS (serve, per level), CONCURRENCY, REQUEST_RATES, STEPS.
 #
-# Issue 8 in two calls on one warm machine (each < 8.5 min; internal `timeout` guards keep what was
-# measured: every suite phase rewrites its JSON as it ends). Wheels: every .whl/ and .whl_*/ present.
-#  call1: carry .whl_fa3 (fa3-fwd) and .whl_srv (server deps; no av, no diffusers): our DiT ms/step
-#         (wan-480p-cfg, zimage-1024-b1; deterministic, fa3), then the Z-Image serving profile.
-#  call2: carry .whl_av (PyAV; call 1's packages stay in /tmp/site): the Wan serving profile.
+# Issue 8 in two calls, each on a fresh machine (< 9.5 min; internal `timeout` guards keep what was
+# measured: every suite phase rewrites its JSON as it ends).
+#  call1: carry .whl_fa3 .whl_srv .whl_otel (fa3-fwd, the server's deps): the DiT step profile
+#         (Wan 480p pair + 720p, Z-Image 1024; deterministic, fa3), the GPU tests, then the Z-Image
+#         serving profile. CALL_BUDGET_S=565.
+#  call2: carry .whl_pack (made here by `bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`:
+#         the wheels unpacked and xz-compressed, 38 MB): the Wan serving profile, the GPU tests, then
+#         the Z-Image profile with what time is left. CALL_BUDGET_S=555.
+# `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
 # cold request, steady c=1, high c, mixed sizes, recompiles from /metrics, same-seed parity.
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
