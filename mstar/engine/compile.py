@@ -66,7 +66,7 @@ def _row_choices():
         from mstar.engine.inductor_choices import PersistentRowChoices
     except ImportError:
         return None
-    return PersistentRowChoices if hasattr(PersistentRowChoices, "should_use_persistent_reduction") else None
+    return PersistentRowChoices
 
 
 def effective_mode(mode: str, device: str) -> str:

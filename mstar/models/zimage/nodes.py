@@ -105,8 +105,9 @@ class VAEDecodeNode(Node):
     @torch.inference_mode()
     def forward(self, batch: list[RequestState]) -> None:
         for request in batch:  # sizes differ between requests; one image is one decode
-            # float32 contiguous as at warmup, so the compiled graph's guards hold.
-            latents = request.tensors.pop(LATENTS).to(self.device, torch.float32).contiguous()
+            # float32 as at warmup, so the compiled graph's dtype guard holds (the decode makes the
+            # layout and tensor kind match too: as_inference_tensor).
+            latents = request.tensors.pop(LATENTS).to(self.device, torch.float32)
             request.tensors[FRAMES] = self.decode(latents)
 
     @torch.inference_mode()
