@@ -62,19 +62,23 @@ class PipelineOptions:
     seed: int = 0
 
 
-def build_pipeline(workload: EndToEndWorkload, device: str, seed: int) -> Any:
+def build_pipeline(workload: EndToEndWorkload, device: str, seed: int, dit_dtype: Any = None) -> Any:
     """The diffusers pipeline with seeded random weights: DiT in bf16, Wan VAE in fp32 (as diffusers'
-    examples load it), no text encoder or tokenizer (embeddings are passed in)."""
+    examples load it), no text encoder or tokenizer (embeddings are passed in). The DiT is cast as
+    from_pretrained(torch_dtype=bf16) would: its _keep_in_fp32_modules stay fp32."""
     import torch
 
+    from mstar.bench.dit_inputs import build_diffusers_transformer
+
     configs = configs_for(workload.family, tiny=workload.tiny)
-    dit_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dit_dtype is None:
+        dit_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     torch.manual_seed(seed)
     if workload.family == "wan":
-        from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+        from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
 
+        transformer = build_diffusers_transformer("wan", configs["transformer"], device, dit_dtype, seed)
         with torch.device(device):
-            transformer = WanTransformer3DModel(**configs["transformer"])
             vae = AutoencoderKLWan(**configs["vae"]).to(torch.float32)
         scheduler = UniPCMultistepScheduler(**configs["scheduler"])
         return WanPipeline(
@@ -85,15 +89,10 @@ def build_pipeline(workload: EndToEndWorkload, device: str, seed: int) -> Any:
             transformer=transformer,
             expand_timesteps=True,
         )
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        ZImagePipeline,
-        ZImageTransformer2DModel,
-    )
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline
 
+    transformer = build_diffusers_transformer("zimage", configs["transformer"], device, dit_dtype, seed)
     with torch.device(device):
-        transformer = ZImageTransformer2DModel(**configs["transformer"])
         vae = AutoencoderKL(**configs["vae"]).to(dit_dtype)
     scheduler = FlowMatchEulerDiscreteScheduler(**configs["scheduler"])
     return ZImagePipeline(
