@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import socket
 import sys
@@ -18,6 +19,7 @@ from mstar.errors import InvalidParam, UnknownModel
 IMAGE_SUFFIXES = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".webp": "webp"}
 VIDEO_SUFFIXES = {".mp4"}
 API_KEY_ENV = "MSTAR_API_KEY"
+MAIN_LOG_HANDLER = "mstar-main"
 
 
 class ProgressBars:
@@ -169,9 +171,23 @@ async def _serve(config: Any, spec: Any, sock: socket.socket) -> int:
     return 0
 
 
+def configure_main_logging() -> None:
+    """Show the runtime's INFO lines (boot timings, warmup progress) on stderr, formatted like the
+    workers' lines. Only the "mstar" loggers: the root logger and uvicorn keep their own levels."""
+    logger = logging.getLogger("mstar")
+    if any(handler.get_name() == MAIN_LOG_HANDLER for handler in logger.handlers):
+        return  # a second serve in the same process must not print every line twice
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(MAIN_LOG_HANDLER)
+    handler.setFormatter(logging.Formatter("%(asctime)s main %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("MSTAR_LOG_LEVEL", "INFO"))
+
+
 def serve_command(args: argparse.Namespace) -> int:
     from mstar.models.registry import get_model_spec
 
+    configure_main_logging()
     config = load_server_config(args)
     echo_config(config)
     spec = get_model_spec(config.model)

@@ -89,20 +89,32 @@ class Runtime:
         self._on_boot_progress = on_progress
         self._tasks = [asyncio.create_task(self._receive())]
         atexit.register(self._cleanup_at_exit)
+        boot_started = time.monotonic()
         try:
-            for index in range(len(self.groups)):
-                self._pool.spawn(index)
-            await self._wait_until_up()
+            workers_up_s = await self._spawn_workers()
             self._tasks.append(asyncio.create_task(self._monitor()))
             self._started = True
-            await self._run_warmup_requests()
+            num_warmup_requests = await self._run_warmup_requests()
         except BaseException:
             await self._teardown()
             raise
         self._warmed = True
+        _log_boot_times(workers_up_s, num_warmup_requests, time.monotonic() - boot_started)
 
-    async def _run_warmup_requests(self) -> None:
-        """Each warmup request goes through the whole walk, one after another; kept out of /metrics."""
+    async def _spawn_workers(self) -> float:
+        """Spawn every worker, wait until all built and warmed up their nodes; returns the seconds."""
+        started = time.monotonic()
+        for index in range(len(self.groups)):
+            self._pool.spawn(index)
+        await self._wait_until_up()
+        workers_up_s = time.monotonic() - started
+        # logged now, not only in the summary, so a hanging warmup request still shows this part
+        log.info("boot: %d worker(s) up in %.1f s", len(self.groups), workers_up_s)
+        return workers_up_s
+
+    async def _run_warmup_requests(self) -> int:
+        """Each warmup request goes through the whole walk, one after another; kept out of /metrics.
+        Returns how many ran."""
         requests = self.spec.warmup_requests(self.config)
         conductor_metrics, self._conductor.metrics = self._conductor.metrics, NullMetrics()
         try:
@@ -125,6 +137,7 @@ class Runtime:
                 self._report_progress("warmup requests", index + 1, len(requests))
         finally:
             self._conductor.metrics = conductor_metrics
+        return len(requests)
 
     async def _wait_until_up(self) -> None:
         while not self._pool.all_up:
@@ -289,3 +302,14 @@ def _check_walks(spec: ModelSpec) -> None:
             raise ValueError(
                 f"walk '{name}' uses unknown node(s) {unknown}; model has {list(spec.node_names)}"
             )
+
+
+def _log_boot_times(workers_up_s: float, num_warmup_requests: int, ready_s: float) -> None:
+    """One line that splits the boot: slow weights/compiles (workers up) vs slow warmup requests."""
+    log.info(
+        "boot: workers up in %.1f s, %d warmup request(s) in %.1f s, ready after %.1f s",
+        workers_up_s,
+        num_warmup_requests,
+        ready_s - workers_up_s,
+        ready_s,
+    )

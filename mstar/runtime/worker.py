@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -48,15 +49,35 @@ def build_group(
         random_weights=config.random_weights,
         progress=progress,
     )
-    built = spec.build_nodes(context)
+    built = _timed_build_nodes(spec, context)
     missing = [name for name in group.nodes if name not in built]
     if missing:
         raise RuntimeError(f"{type(spec).__name__}.build_nodes did not build node(s) {missing}")
     nodes = {name: built[name] for name in group.nodes}
     for name, node in nodes.items():
         node.name = node.name or name
-        node.warmup()
+        _timed_warmup(node)
     return config, spec, nodes, owner
+
+
+def _timed_build_nodes(spec: ModelSpec, context: BuildContext) -> dict[str, Node]:
+    """Building loads the weights: the boot log says how much of the boot that took."""
+    started = time.monotonic()
+    built = spec.build_nodes(context)
+    log.info(
+        "built node(s) %s on %s in %.1f s",
+        ",".join(context.node_names),
+        context.device,
+        time.monotonic() - started,
+    )
+    return built
+
+
+def _timed_warmup(node: Node) -> None:
+    """Node warmups compile kernels and can dominate the boot: log each one's share."""
+    started = time.monotonic()
+    node.warmup()
+    log.info("node %s warmed up in %.1f s", node.name, time.monotonic() - started)
 
 
 class Worker:

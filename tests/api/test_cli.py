@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +27,9 @@ VIDEO_SPEC = "tests.api.live_models:LiveVideoSpec"
 
 
 def start_serve(*args: str, env_key: str | None = None) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # REPO first, the caller's path kept: on the GPU machine the server's deps come through PYTHONPATH
+    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=python_path)
     env.pop("MSTAR_API_KEY", None)
     if env_key:
         env["MSTAR_API_KEY"] = env_key
@@ -73,6 +77,41 @@ def test_serve_exits_nonzero_with_the_boot_error():
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1
     assert "boot failed" in stderr and "attention backend 'fa3' cannot run on device 'cpu'" in stderr
+
+
+def test_serve_logs_where_the_boot_time_goes():
+    process = start_serve("tiny-digits", "--port", "0")
+    try:
+        read_until(process.stdout, "mstar: serving")
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    seconds = r"\d+\.\d s"
+    for line in (
+        f"worker0 INFO mstar.worker: built node\\(s\\) text_encoder,dit,decoder on cpu in {seconds}",
+        f"worker0 INFO mstar.worker: node dit warmed up in {seconds}",
+        f"main INFO mstar.runtime: boot: 1 worker\\(s\\) up in {seconds}",
+        f"main INFO mstar.runtime: warmup request 1/1 done in {seconds}",
+        f"main INFO mstar.runtime: boot: workers up in {seconds}, 1 warmup request\\(s\\) in {seconds}, "
+        f"ready after {seconds}",
+    ):
+        assert re.search(line, stderr), f"no '{line}' in {stderr}"
+
+
+def test_main_logging_covers_only_mstar_loggers_and_is_added_once(monkeypatch):
+    monkeypatch.setenv("MSTAR_LOG_LEVEL", "DEBUG")
+    logger, root = logging.getLogger("mstar"), logging.getLogger()
+    level, root_level, root_handlers = logger.level, root.level, list(root.handlers)
+    try:
+        cli.configure_main_logging()
+        cli.configure_main_logging()
+        ours = [handler for handler in logger.handlers if handler.get_name() == cli.MAIN_LOG_HANDLER]
+        assert len(ours) == 1 and logger.level == logging.DEBUG
+        assert root.level == root_level and root.handlers == root_handlers
+    finally:
+        for handler in [h for h in logger.handlers if h.get_name() == cli.MAIN_LOG_HANDLER]:
+            logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def test_serve_rejects_a_bad_flag_value(capsys):

@@ -1,0 +1,37 @@
+"""The boot log says where boot time goes: node builds, node warmups, workers up, warmup requests."""
+
+import logging
+import re
+
+from mstar.runtime import messages as m
+from mstar.runtime.runtime import Runtime
+from mstar.runtime.worker import build_group
+from tests.runtime.fake_models import SPEC_PATH, WarmupSpec
+from tests.runtime.helpers import make_config, run
+
+SECONDS = r"\d+\.\d s"
+
+
+def test_build_group_logs_the_build_and_each_node_warmup_with_their_seconds(caplog):
+    caplog.set_level(logging.INFO, logger="mstar.worker")
+    boot = m.WorkerBoot(make_config().model_dump_json(), SPEC_PATH, 1, 0, "", "", "", "")
+    _, _, nodes, _ = build_group(boot, lambda label, done, total: None)
+    messages = [record.getMessage() for record in caplog.records if record.name == "mstar.worker"]
+    assert list(nodes) == ["aux", "denoiser"]
+    assert re.fullmatch(f"built node\\(s\\) aux,denoiser on cpu in {SECONDS}", messages[0])
+    assert re.fullmatch(f"node aux warmed up in {SECONDS}", messages[1])
+    assert re.fullmatch(f"node denoiser warmed up in {SECONDS}", messages[2])
+
+
+def test_runtime_start_logs_workers_up_warmup_total_and_ready_seconds(loop, caplog):
+    caplog.set_level(logging.INFO, logger="mstar.runtime")
+    runtime = Runtime(make_config(), WarmupSpec())
+    try:
+        run(loop, runtime.start())
+    finally:
+        run(loop, runtime.shutdown(timeout_s=2.0))
+    messages = [record.getMessage() for record in caplog.records if record.name == "mstar.runtime"]
+    summary = f"boot: workers up in {SECONDS}, 1 warmup request\\(s\\) in {SECONDS}, ready after {SECONDS}"
+    assert any(re.fullmatch(f"boot: 2 worker\\(s\\) up in {SECONDS}", line) for line in messages)
+    assert any(re.fullmatch(f"warmup request 1/1 done in {SECONDS}", line) for line in messages)
+    assert any(re.fullmatch(summary, line) for line in messages), messages
