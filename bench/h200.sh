@@ -242,10 +242,15 @@ case "$phase" in
       tests/models/wan22/test_dit_text_kv.py
     guarded profile-zimage 150 python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile-zimage.json" ;;
-  baseline)
+  baseline)  # carry .whl_ref .whl_srv .whl_otel; WHEEL_DIRS=".whl_ref .whl_srv .whl_otel"; CALL_BUDGET_S=560
     require diffusers
-    mstar bench diffusers --workloads wan-480p-t2v,zimage-1024 --modes "${DIFFUSERS_MODES:-eager,compiled}" \
-      --num-warmup 1 --num-timed 3 -o "$out/diffusers.json" ;;
+    # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
+    guarded determinism 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/serving/test_determinism.py
+    # one workload per process, each under the call's deadline: a late stop keeps what ended before it
+    guarded diffusers-zimage 200 python3 -m mstar.cli bench diffusers --workloads zimage-1024 \
+      --modes "${DIFFUSERS_MODES:-eager,compiled}" --num-warmup 1 --num-timed 3 -o "$out/diffusers-zimage.json"
+    guarded diffusers-wan 330 python3 -m mstar.cli bench diffusers --workloads wan-480p-t2v \
+      --modes "${DIFFUSERS_MODES:-eager,compiled}" --num-warmup 1 --num-timed 3 -o "$out/diffusers-wan.json" ;;
   baseline-720p)
     require diffusers
     mstar bench diffusers --workloads wan-720p-t2v --modes eager --num-warmup 1 --num-timed 1 \
