@@ -72,6 +72,14 @@ class PrometheusMetrics:
             buckets=STEP_BUCKETS_S,
             registry=self.registry,
         )
+        self.step_host_time = Histogram(
+            "mstar:step_host_duration_seconds",
+            "Host time to queue one step of one node; near mstar:step_duration_seconds, the step is "
+            "host-bound (the device waits for Python)",
+            [*labels, "node"],
+            buckets=STEP_BUCKETS_S,
+            registry=self.registry,
+        )
         self.batch_size = Histogram(
             "mstar:step_batch_size",
             "Requests per step",
@@ -107,8 +115,11 @@ class PrometheusMetrics:
     def observe_queue_time(self, seconds: float) -> None:
         self.queue_time.labels(self.model_name).observe(seconds)
 
-    def observe_step(self, node: str, batch_size: int, cost: int, duration_s: float) -> None:
+    def observe_step(
+        self, node: str, batch_size: int, cost: int, duration_s: float, host_duration_s: float = 0.0
+    ) -> None:
         self.step_time.labels(self.model_name, node).observe(duration_s)
+        self.step_host_time.labels(self.model_name, node).observe(host_duration_s)
         self.batch_size.labels(self.model_name, node).observe(batch_size)
         self.tokens_per_step.labels(self.model_name, node).observe(cost)
 

@@ -28,6 +28,7 @@ from mstar.bench.serve import RequestRecord, ServeOptions, closed_loop, record_d
 
 RECOMPILES_METRIC = "mstar:recompiles_total"
 STEP_METRIC = "mstar:step_duration_seconds"
+STEP_HOST_METRIC = "mstar:step_host_duration_seconds"
 COMPANY_FIRST_INDEX = 1000  # company requests: their own prompts' seeds, away from the measured ones
 
 
@@ -54,26 +55,30 @@ def recompiles_from_metrics(text: str) -> int:
 
 
 def node_seconds_from_metrics(text: str) -> dict[str, list[float]]:
-    """node -> [seconds, steps] summed over `mstar:step_duration_seconds` (sum and count samples)."""
+    """node -> [device seconds, steps, host seconds] summed over `mstar:step_duration_seconds` and
+    `mstar:step_host_duration_seconds` (their sum and count samples)."""
+    columns = {STEP_METRIC + "_sum": 0, STEP_METRIC + "_count": 1, STEP_HOST_METRIC + "_sum": 2}
     totals: dict[str, list[float]] = {}
     for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        if name not in (STEP_METRIC + "_sum", STEP_METRIC + "_count") or 'node="' not in line:
+        column = columns.get(line.split("{", 1)[0])
+        if column is None or 'node="' not in line:
             continue
         node = line.split('node="', 1)[1].split('"', 1)[0]
-        totals.setdefault(node, [0.0, 0.0])[name.endswith("_count")] += float(line.rsplit(" ", 1)[1])
+        totals.setdefault(node, [0.0, 0.0, 0.0])[column] += float(line.rsplit(" ", 1)[1])
     return totals
 
 
 def node_breakdown(before: dict, after: dict, num_requests: int) -> dict[str, dict[str, float]]:
     """Per node, between two scrapes: ms per step and ms per request (where the time went)."""
     breakdown = {}
-    for node, (seconds, steps) in after.items():
-        seconds -= before.get(node, [0.0, 0.0])[0]
-        steps -= before.get(node, [0.0, 0.0])[1]
+    for node, (seconds, steps, host_seconds) in after.items():
+        seconds_before, steps_before, host_seconds_before = before.get(node, [0.0, 0.0, 0.0])
+        seconds, steps = seconds - seconds_before, steps - steps_before
+        host_seconds -= host_seconds_before
         if steps > 0 and num_requests > 0:
             breakdown[node] = {
                 "ms_per_step": 1000 * seconds / steps,
+                "host_ms_per_step": 1000 * host_seconds / steps,
                 "ms_per_request": 1000 * seconds / num_requests,
                 "steps_per_request": steps / num_requests,
             }

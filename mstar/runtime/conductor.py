@@ -183,7 +183,9 @@ class Conductor:
                 log.error("request %s failed: %s", job.handle.request_id, message.message)
                 self._end(job, Failed(message.message, message.kind))
         elif isinstance(message, m.StepStats):
-            self.metrics.observe_step(message.node, message.batch_size, message.cost, message.duration_s)
+            self.metrics.observe_step(
+                message.node, message.batch_size, message.cost, message.duration_s, message.host_duration_s
+            )
         elif isinstance(message, m.Recompiles):
             log.warning("node %s recompiled %d time(s) while serving", message.node, message.count)
             self.metrics.count_recompile(message.node, message.count)

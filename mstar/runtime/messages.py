@@ -91,7 +91,8 @@ class StepStats(msgspec.Struct, tag=True, frozen=True):
     node: str
     batch_size: int
     cost: int
-    duration_s: float
+    duration_s: float  # device time (CUDA events) on GPU workers, host time on CPU workers
+    host_duration_s: float = 0.0  # host time to queue the step's work: near duration_s = host-bound
 
 
 class Recompiles(msgspec.Struct, tag=True, frozen=True):

@@ -8,7 +8,9 @@ from typing import Protocol
 class MetricsSink(Protocol):
     def observe_queue_time(self, seconds: float) -> None: ...
 
-    def observe_step(self, node: str, batch_size: int, cost: int, duration_s: float) -> None: ...
+    def observe_step(
+        self, node: str, batch_size: int, cost: int, duration_s: float, host_duration_s: float = 0.0
+    ) -> None: ...
 
     def observe_request_end(self, outcome: str, latency_s: float) -> None:
         """outcome: completed | failed | aborted | timeout"""
@@ -22,7 +24,9 @@ class NullMetrics:
     def observe_queue_time(self, seconds: float) -> None:
         pass
 
-    def observe_step(self, node: str, batch_size: int, cost: int, duration_s: float) -> None:
+    def observe_step(
+        self, node: str, batch_size: int, cost: int, duration_s: float, host_duration_s: float = 0.0
+    ) -> None:
         pass
 
     def observe_request_end(self, outcome: str, latency_s: float) -> None:

@@ -9,6 +9,7 @@ walks, hand-offs, releases) are handled between forwards, which are the step bou
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -268,7 +269,9 @@ class StepLoop:
         node = queue.node
         cost = sum(_safe_cost(node, r.state) for r in batch)
         timing = self.step_timer.start()
+        host_started = time.perf_counter()
         failure = _run_forward(node, batch)
+        host_s = time.perf_counter() - host_started
         if failure is not None:
             message, out_of_memory = failure
             kind = OUT_OF_MEMORY_KIND if out_of_memory else "error"
@@ -277,7 +280,7 @@ class StepLoop:
             if out_of_memory:
                 release_cached_memory()  # the batch's tensors and the error's frames are gone now
             return
-        self.step_timer.stop(timing, (node.name, len(batch), cost))
+        self.step_timer.stop(timing, (node.name, len(batch), cost, host_s))
         self.step_timer.bound_in_flight(MAX_STEPS_IN_FLIGHT)
         self.report_step_times()
         self._report_recompiles(queue)
@@ -290,8 +293,8 @@ class StepLoop:
 
     def report_step_times(self) -> None:
         """StepStats for the steps whose device time is known by now (see StepTimer)."""
-        for (name, batch_size, cost), duration_s in self.step_timer.collect():
-            self.to_conductor(m.StepStats(name, batch_size, cost, duration_s))
+        for (name, batch_size, cost, host_s), duration_s in self.step_timer.collect():
+            self.to_conductor(m.StepStats(name, batch_size, cost, duration_s, host_s))
 
     def _after_loop_step(self, queue: NodeQueue, request: WorkerRequest) -> None:
         node = queue.node

@@ -13,12 +13,14 @@ from tests.runtime.helpers import final_event, make_config, run, until_progress,
 class RecordingMetrics:
     def __init__(self):
         self.queue_times, self.steps, self.ends, self.recompiles = [], [], [], []
+        self.host_durations_s = []
 
     def observe_queue_time(self, seconds):
         self.queue_times.append(seconds)
 
-    def observe_step(self, node, batch_size, cost, duration_s):
+    def observe_step(self, node, batch_size, cost, duration_s, host_duration_s=0.0):
         self.steps.append((node, batch_size, cost, duration_s))
+        self.host_durations_s.append(host_duration_s)
 
     def observe_request_end(self, outcome, latency_s):
         self.ends.append(outcome)
@@ -135,6 +137,10 @@ def test_metrics_see_steps_endings_and_recompiles(loop, runtime):
     assert ("denoiser", 1, 3) in [step[:3] for step in metrics.steps]
     assert {step[0] for step in metrics.steps} == {"encoder", "aux", "denoiser", "decoder"}
     assert all(step[3] >= 0 for step in metrics.steps) and len(metrics.queue_times) >= len(metrics.ends)
+    # CPU workers: the host time is the step's time, and it reaches the sink with every step
+    assert len(metrics.host_durations_s) == len(metrics.steps) and all(
+        s > 0 for s in metrics.host_durations_s
+    )
 
 
 async def _collect(handle):

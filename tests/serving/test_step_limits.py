@@ -164,7 +164,9 @@ class StepRecorder:
     def __init__(self):
         self.steps: list[tuple[str, int, int]] = []
 
-    def observe_step(self, node: str, batch_size: int, cost: int, duration_s: float) -> None:
+    def observe_step(
+        self, node: str, batch_size: int, cost: int, duration_s: float, host_duration_s: float = 0.0
+    ) -> None:
         self.steps.append((node, batch_size, cost))
 
     def observe_queue_time(self, seconds: float) -> None: ...
