@@ -40,8 +40,8 @@
 #         (Wan 480p pair + 720p, Z-Image 1024; deterministic, fa3), the GPU tests, then the Z-Image
 #         serving profile. CALL_BUDGET_S=565.
 #  call2: carry .whl_pack (made here by `bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`:
-#         the wheels unpacked and xz-compressed, 38 MB): the Wan serving profile, the GPU tests, then
-#         the Z-Image profile with what time is left. CALL_BUDGET_S=555.
+#         the wheels unpacked and xz-compressed, 38 MB): the Wan serving profile, the two-fresh-servers
+#         determinism test on CUDA, then the GPU tests. CALL_BUDGET_S=555.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
 # cold request, steady c=1, high c, mixed sizes, recompiles from /metrics, same-seed parity.
@@ -238,10 +238,10 @@ case "$phase" in
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 60 \
       --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
       --poll-interval 0.05 -- "${gpu_flags[@]}"
+    # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
+    guarded determinism 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/serving/test_determinism.py
     guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/zimage/test_gpu_vae.py \
-      tests/models/wan22/test_dit_text_kv.py
-    guarded profile-zimage 150 python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
-      --compile-modes deterministic --attention-backend fa3 -o "$out/profile-zimage.json" ;;
+      tests/models/wan22/test_dit_text_kv.py ;;
   baseline)  # carry .whl_ref .whl_srv .whl_otel; WHEEL_DIRS=".whl_ref .whl_srv .whl_otel"; CALL_BUDGET_S=560
     require diffusers
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
