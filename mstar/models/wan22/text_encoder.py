@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mstar.engine.transfer import to_device
 from mstar.models.checkpoint import build_module
 from mstar.models.text_encoding import PromptEmbedsNode
 
@@ -68,20 +69,23 @@ class PromptEncoder:
 
     @torch.inference_mode()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
-        """One [num_tokens_i, d_model] embedding per prompt (padding dropped)."""
-        batch = self.tokenizer(
-            [clean_prompt(p) for p in prompts],
-            padding="longest",  # masked padding does not change the real tokens' outputs
+        """One [num_tokens_i, d_model] embedding per prompt.
+
+        One prompt per forward, unpadded and without a mask: a prompt's embedding never depends on
+        the prompts batched with it, and nothing reads the device back. (With a mask, transformers
+        checks it for padding on the device, and that read waits for the DiT step queued before it;
+        the encoder is launch-bound, so batching prompts saved little.)"""
+        return [self._encode_one(prompt) for prompt in prompts]
+
+    def _encode_one(self, prompt: str) -> torch.Tensor:
+        ids = self.tokenizer(
+            [clean_prompt(prompt)],
             max_length=self.max_text_tokens,
             truncation=True,
             add_special_tokens=True,
-            return_attention_mask=True,
             return_tensors="pt",
-        )
-        ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
-        hidden = self.model(ids, mask).last_hidden_state  # [B, L, d_model]
-        lengths = mask.gt(0).sum(dim=1).tolist()
-        return [hidden[i, :n] for i, n in enumerate(lengths)]
+        )["input_ids"]  # [1, num_tokens] on the host
+        return self.model(to_device(ids, self.device)).last_hidden_state[0]  # [num_tokens, d_model]
 
 
 class WanTextEncoderNode(PromptEmbedsNode):

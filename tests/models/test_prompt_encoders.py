@@ -1,0 +1,71 @@
+"""Both prompt encoders (Wan's UMT5, Z-Image's Qwen3) encode one prompt per forward, unpadded and
+without an attention mask: a prompt's embedding does not depend on the prompts batched with it, and
+transformers gets no mask to inspect on the device (that check reads the GPU back, which waits for
+the DiT step queued before it on a busy server)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mstar.models.text_fallback import FallbackTokenizer, fallback_tokenizer
+from mstar.models.wan22.config import tiny_wan22_config
+from mstar.models.wan22.text_encoder import PromptEncoder as WanPromptEncoder
+from mstar.models.wan22.text_encoder import build_umt5
+from mstar.models.zimage.config import TINY
+from mstar.models.zimage.text_encoder import PromptEncoder as ZImagePromptEncoder
+from mstar.models.zimage.text_encoder import build_qwen3
+
+PROMPTS = ["a fox", "a lighthouse on a rocky coast during a storm, waves crashing", ""]
+
+
+class CallRecorder(torch.nn.Module):
+    """Wraps a model and records the shapes and keyword arguments of every call."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def forward(self, *args, **kwargs):
+        self.calls.append(([tuple(a.shape) for a in args], dict(kwargs)))
+        return self.model(*args, **kwargs)
+
+
+def wan_encoder() -> WanPromptEncoder:
+    config = tiny_wan22_config()
+    model = build_umt5(config.text_encoder, "cpu", torch.float32)
+    tokenizer = fallback_tokenizer(vocab_size=config.text_encoder["vocab_size"])
+    return WanPromptEncoder(CallRecorder(model), tokenizer, "cpu", config.max_text_tokens)
+
+
+def zimage_encoder() -> ZImagePromptEncoder:
+    model = build_qwen3(TINY.text_encoder, "cpu", torch.float32)
+    tokenizer = FallbackTokenizer(TINY.text_encoder["vocab_size"], TINY.max_sequence_length, add_eos=False)
+    return ZImagePromptEncoder(CallRecorder(model), tokenizer, "cpu", TINY.max_sequence_length)
+
+
+ENCODERS = {"wan22": wan_encoder, "zimage": zimage_encoder}
+
+
+@pytest.mark.parametrize("family", sorted(ENCODERS))
+def test_a_prompts_embedding_does_not_depend_on_its_batch(family):
+    encoder = ENCODERS[family]()
+    batched = encoder.encode(PROMPTS)
+    for prompt, embedding in zip(PROMPTS, batched, strict=True):
+        (alone,) = encoder.encode([prompt])
+        assert embedding.shape == alone.shape and embedding.shape[0] > 0
+        assert torch.equal(embedding, alone)
+    assert batched[0].shape[0] < batched[1].shape[0]  # unpadded: each keeps its own length
+
+
+@pytest.mark.parametrize("family", sorted(ENCODERS))
+def test_each_prompt_is_one_forward_without_a_mask(family):
+    encoder = ENCODERS[family]()
+    encoder.encode(PROMPTS)
+    calls = encoder.model.calls
+    assert len(calls) == len(PROMPTS)
+    for shapes, kwargs in calls:
+        ids_shape = shapes[0] if shapes else tuple(kwargs["input_ids"].shape)
+        assert ids_shape[0] == 1  # one prompt per forward
+        assert kwargs.get("attention_mask") is None and len(shapes) <= 1
