@@ -68,7 +68,7 @@ mkdir -p "$out"
 # call1/call2 install only their own wheel folders: a folder left by an earlier call (e.g. diffusers)
 # must not change what they measure.
 case "$phase" in
-  call1 | serve-zimage-suite) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
+  call1 | serve-zimage-suite | serve-zimage-eager) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
   call2)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
@@ -230,6 +230,10 @@ case "$phase" in
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
+  serve-zimage-eager)  # compile off (fast boot): each node's device and host time per step, a diagnostic
+    suite_phase z-image-turbo zimage-1024 '["1024x1024"]' 20 \
+      --num-steady 4 --high-concurrency 4 --num-high 4 --num-mixed 0 --company-sizes 768x1024 \
+      -- --random-weights --device cuda --attention-backend fa3 --compile-mode off ;;
   serve-zimage-suite)  # the serving part of call1 alone
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
