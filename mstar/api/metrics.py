@@ -74,8 +74,8 @@ class PrometheusMetrics:
         )
         self.step_host_time = Histogram(
             "mstar:step_host_duration_seconds",
-            "Host time to queue one step of one node; near mstar:step_duration_seconds, the step is "
-            "host-bound (the device waits for Python)",
+            "Host time of one step's forward of one node: queueing its work, plus any wait inside it "
+            "for the device (a read-back); compare with mstar:step_duration_seconds",
             [*labels, "node"],
             buckets=STEP_BUCKETS_S,
             registry=self.registry,

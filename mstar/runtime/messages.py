@@ -92,7 +92,7 @@ class StepStats(msgspec.Struct, tag=True, frozen=True):
     batch_size: int
     cost: int
     duration_s: float  # device time (CUDA events) on GPU workers, host time on CPU workers
-    host_duration_s: float = 0.0  # host time to queue the step's work: near duration_s = host-bound
+    host_duration_s: float = 0.0  # host time of the forward: queueing, plus any wait for the device
 
 
 class Recompiles(msgspec.Struct, tag=True, frozen=True):
