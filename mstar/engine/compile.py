@@ -80,6 +80,11 @@ class CompiledFunction:
     """A function compiled once with dynamic shapes; counts compiles and flags recompiles.
 
     Call `finish_warmup()` after the warmup sizes ran: any compile after that is a recompile.
+
+    `duck_shapes=False` gives every dynamic dimension its own symbol. With torch's duck shapes,
+    dimensions of equal size at the first compile share one, so a dynamic dimension that happens to
+    equal one the graph specialises (the 2 of stacked keys/values) is specialised with it, and a
+    later size compiles again. `backend` replaces inductor (tests count compiles with it).
     """
 
     def __init__(
@@ -90,6 +95,8 @@ class CompiledFunction:
         dynamic: bool = True,
         extra_options: dict[str, Any] | None = None,
         persistent_rows: bool = False,
+        duck_shapes: bool = True,
+        backend: Callable[..., Any] | None = None,
     ):
         self.name = name
         self.mode = mode
@@ -99,6 +106,8 @@ class CompiledFunction:
         self.num_compiles = 0
         self._num_compiles_at_warmup: int | None = None
         self._eager = fn
+        self._backend = backend
+        self._duck_shapes = duck_shapes or mode == "off"
         self._compiled = fn if mode == "off" else self._compile(fn, dynamic)
 
     def _compile(self, fn: Callable[..., Any], dynamic: bool) -> Callable[..., Any]:
@@ -119,6 +128,8 @@ class CompiledFunction:
             self.num_compiles += 1
             if self._num_compiles_at_warmup is not None:
                 logger.warning("%s: recompiled in traffic (compile #%d)", self.name, self.num_compiles)
+            if self._backend is not None:
+                return self._backend(graph_module, example_inputs)
             if choices is None:
                 return compile_fx(graph_module, example_inputs, config_patches=options)
             with V.set_choices_handler(choices()):
@@ -127,7 +138,13 @@ class CompiledFunction:
         return torch.compile(fn, backend=counting_backend, dynamic=dynamic)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._compiled(*args, **kwargs)
+        if self._duck_shapes:
+            return self._compiled(*args, **kwargs)
+        import torch.fx.experimental._config as shape_config
+
+        # read when dynamo compiles (inside the call); guards of a compiled graph do not depend on it
+        with shape_config.patch(use_duck_shape=False):
+            return self._compiled(*args, **kwargs)
 
     def finish_warmup(self) -> None:
         self._num_compiles_at_warmup = self.num_compiles

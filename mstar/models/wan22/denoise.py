@@ -139,7 +139,7 @@ class WanDenoiseNode(DenoiseNode):
             latents = torch.zeros(shape, device=self.hooks.device)
             item = DenoiseItem("warmup", COND, latents, 999.0, 1.0, 0, text, {})
             self.denoiser.predict([item])
-            self.denoiser.predict([item, item])  # a pair, so the item count is not specialised
+            self.denoiser.predict([item, item])  # a pair reuses the graph (compile_layers)
         self.denoiser.dit.finish_warmup()
 
     def num_recompiles(self) -> int:

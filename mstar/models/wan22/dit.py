@@ -38,6 +38,7 @@ from mstar.models.wan22.dit_layers import (
 )
 
 MAX_CACHED_GRIDS = 64
+MIN_TIMESTEP_ROWS = 2  # see WanDiT._timestep_rows
 
 
 @dataclass
@@ -105,14 +106,26 @@ class WanDiT(nn.Module):
     def projections_fused(self) -> bool:
         return all(block.attn1.fused is not None for block in self.blocks)
 
-    def compile_layers(self, mode: str) -> None:
-        """Compile the layer stack once with the pack length dynamic (mstar.engine.compile modes)."""
+    def compile_layers(self, mode: str, backend=None) -> None:
+        """Compile the layer stack once with the pack length dynamic (mstar.engine.compile modes).
+
+        One graph serves every item count: the timestep rows are never one (_timestep_rows) and no
+        duck shapes (their count would otherwise share a symbol with the keys/values' 2). That
+        saves a second compile at boot (the DiT warmup compiled twice: 186 s on the H200).
+        `backend`: see CompiledFunction."""
         from mstar.engine.compile import CompiledFunction
 
         self._layers = (
             self.run_layers
             if mode == "off"
-            else CompiledFunction(self.run_layers, mode, "wan.dit.layers", persistent_rows=True)
+            else CompiledFunction(
+                self.run_layers,
+                mode,
+                "wan.dit.layers",
+                persistent_rows=True,
+                duck_shapes=False,
+                backend=backend,
+            )  # fmt: skip
         )
 
     def finish_warmup(self) -> None:
@@ -238,7 +251,11 @@ class WanDiT(nn.Module):
 
     @staticmethod
     def _timestep_rows(items, grids, token_counts) -> tuple[torch.Tensor, torch.Tensor]:
-        """Distinct timesteps (one row per item, plus a 0 row for clean frames) and token -> row [T]."""
+        """Distinct timesteps (one row per item, plus a 0 row for clean frames) and token -> row [T].
+
+        At least MIN_TIMESTEP_ROWS rows: torch.compile specialises a dimension of size 1, so one
+        item alone (one row) would compile a second graph of the layer stack at boot. A padding row is never indexed, and rows are computed one at a time (time_rows), so
+        it changes nothing else."""
         timesteps: list[float] = []
         indices = []
         for item, grid, count in zip(items, grids, token_counts, strict=True):
@@ -249,6 +266,7 @@ class WanDiT(nn.Module):
                 timesteps.append(0.0)
                 index[: item.num_clean_frames * grid[1] * grid[2]] = row + 1
             indices.append(index)
+        timesteps += [0.0] * (MIN_TIMESTEP_ROWS - len(timesteps))
         return torch.tensor(timesteps, dtype=torch.float32), torch.cat(indices)
 
     def unpack(self, patches: torch.Tensor, step: PackedStep) -> list[torch.Tensor]:

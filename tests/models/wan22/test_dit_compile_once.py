@@ -1,0 +1,44 @@
+"""Wan's layer stack compiles once for every item count (CPU, dynamo with an eager backend that
+counts compiles): one item alone, pairs, four items of three sizes, an image-to-video item."""
+
+import torch
+
+from mstar.engine.attention import build_attention
+from mstar.models.wan22.config import tiny_wan22_config
+from mstar.models.wan22.dit import MIN_TIMESTEP_ROWS, DiTInput, WanDiT
+
+
+def _item(frames: int, height: int, width: int, timestep: float = 999.0, num_clean_frames: int = 0):
+    generator = torch.Generator().manual_seed(frames * 100 + height * 10 + width)
+    latents = torch.randn(16, frames, height, width, generator=generator)
+    return DiTInput(latents, timestep, torch.randn(16, 16, generator=generator), num_clean_frames)
+
+
+BATCHES = [
+    [_item(2, 8, 12)],  # one item: one timestep row
+    [_item(2, 8, 12), _item(2, 8, 12, 500.0)],
+    [_item(2, 12, 8)] * 2,
+    [_item(2, 8, 12), _item(2, 12, 8), _item(3, 8, 8, 5.0), _item(2, 8, 12, 300.0)],
+    [_item(3, 8, 8, num_clean_frames=1)],  # image to video: a clean-frame row
+    [_item(2, 12, 8)],
+]
+
+
+def test_one_compile_serves_every_item_count_and_matches_eager():
+    torch.manual_seed(0)
+    dit = WanDiT(tiny_wan22_config().dit).eval()
+    attention = build_attention("torch", "cpu", torch.float32)
+    with torch.inference_mode():
+        eager = [dit(batch, attention) for batch in BATCHES]
+        dit.compile_layers("deterministic", backend=lambda graph, inputs: graph.forward)
+        compiled = [dit(batch, attention) for batch in BATCHES]
+    assert dit._layers.num_compiles == 1
+    for want, got in zip(eager, compiled, strict=True):
+        for a, b in zip(want, got, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_one_item_gets_a_padding_row_that_no_token_reads():
+    timesteps, row_index = WanDiT._timestep_rows([_item(2, 8, 12, 700.0)], [(1, 4, 6)], [24])
+    assert timesteps.tolist() == [700.0, 0.0] and len(timesteps) == MIN_TIMESTEP_ROWS
+    assert row_index.tolist() == [0] * 24
