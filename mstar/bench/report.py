@@ -215,9 +215,9 @@ def run_section(results: list[dict[str, Any]], commands: list[str], title: str |
     gpus = {r.get("env", {}).get("gpu") for r in results} - {None}
     heading = title or f"{dates[-1] if dates else 'undated'} on {', '.join(sorted(gpus)) or 'unknown GPU'}"
     body = [f"## {heading}", "", COMPARISON_HEADER, *comparison_rows(results), ""]
-    if any(r["benchmark"] == "serve-suite" for r in results):
-        from mstar.bench.suite_report import H200_MD_NOTE
+    from mstar.bench.suite_report import H200_MD_MARK, H200_MD_NOTE
 
+    if any(H200_MD_MARK in row for row in body):  # a figure taken from H200.md, not this run
         body += [H200_MD_NOTE, ""]
     body += ["Measured with:"]
     body += _env_lines(results)

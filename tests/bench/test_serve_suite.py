@@ -200,3 +200,22 @@ def test_peak_memory_windows_cover_only_their_phase():
         poller.start_window()  # samples 3
         poller._sample()  # 4
     assert poller.peak_gib == 9.0 and poller.window_peak_gib == 4.0
+
+
+def test_comparison_rows_take_both_diffusers_modes_measured_in_the_same_run():
+    result = {
+        "workload": "wan-480p-t2v",
+        "options": {"serve": {"kind": "video"}, "high_concurrency": 4},
+        "summary": {"steady_p50_s": 7.0, "per_minute_c1": 8.0, "per_minute_c4": 8.4},
+        "parity": {},
+    }
+    pipelines = [
+        {"workload": "wan-480p-t2v", "mode": "eager", "latency_p50_s": 14.0, "peak_memory_gib": 21.0},
+        {"workload": "wan-480p-t2v", "mode": "compiled", "latency_p50_s": 10.5},
+    ]
+    rows = suite_comparison_rows(result, pipelines)
+    (latency,) = [row for row in rows if "end to end, c=1" in row]
+    assert "| 14.00 | 10.50 | 2.00x eager, 1.50x compiled |" in latency
+    (throughput,) = [row for row in rows if "throughput, c=1 " in row]
+    assert "| 4.29 | 5.71 | 1.87x eager, 1.40x compiled |" in throughput
+    assert not any("†" in row for row in rows)  # nothing taken from H200.md
