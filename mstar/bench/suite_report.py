@@ -119,18 +119,9 @@ def _times(baseline: float | None, ours: float | None) -> str:
     return f"{baseline / ours:.2f}x" if baseline and ours else "-"
 
 
-def _both_times(eager: float | None, compiled: float | None, ours: float | None) -> str:
-    """Time ratios (diffusers / ours) against eager, and against compiled where measured."""
-    if not compiled:
-        return _times(eager, ours)
-    return f"{_times(eager, ours)} eager, {_times(compiled, ours)} compiled"
-
-
-def _both_speedups(ours: float | None, eager: float | None, compiled: float | None) -> str:
-    """Throughput ratios (ours / diffusers) against eager, and against compiled where measured."""
-    if not compiled:
-        return _times(ours, eager)
-    return f"{_times(ours, eager)} eager, {_times(ours, compiled)} compiled"
+def _eager_and_compiled(eager_ratio: str, compiled_ratio: str | None) -> str:
+    """The ratio against diffusers eager, and against compiled where that was measured."""
+    return eager_ratio if compiled_ratio is None else f"{eager_ratio} eager, {compiled_ratio} compiled"
 
 
 def suite_comparison_rows(result: dict[str, Any], pipelines: list[dict]) -> list[str]:
@@ -138,24 +129,25 @@ def suite_comparison_rows(result: dict[str, Any], pipelines: list[dict]) -> list
     workload = result.get("workload") or result["options"]["serve"].get("model") or "serve"
     s, kind, high = result.get("summary", {}), _kind(result), _high(result)
     base, mark = _baseline(workload, pipelines)
-    base_s, compiled_s = (
-        base.get("latency_p50_s"),
-        _compiled_baseline(workload, pipelines).get("latency_p50_s"),
-    )
+    base_s = base.get("latency_p50_s")
+    compiled_s = _compiled_baseline(workload, pipelines).get("latency_p50_s")
     base_per_min, compiled_per_min = _per_minute(base_s), _per_minute(compiled_s)
+    steady_s = s.get("steady_p50_s")
     per_min = {1: s.get("per_minute_c1"), high: s.get(f"per_minute_c{high}")}
     rows = [
         f"| {workload} server boot to /ready | s | {_fmt(s.get('boot_s'), 1)} | - | - | - | - |",
         f"| {workload} first request after /ready (cold) | s | {_fmt(s.get('cold_latency_s'))} | - | - | "
         f"cold/steady {_fmt(s.get('cold_over_steady'))} (target <= 1.10) | - |",
-        f"| {workload} server end to end, c=1 | p50 s | {_fmt(s.get('steady_p50_s'))} | {_cell(base_s, mark)} | "
-        f"{_cell(compiled_s, '')} | {_both_times(base_s, compiled_s, s.get('steady_p50_s'))} | - |",
+        f"| {workload} server end to end, c=1 | p50 s | {_fmt(steady_s)} | {_cell(base_s, mark)} | "
+        f"{_cell(compiled_s, '')} | "
+        f"{_eager_and_compiled(_times(base_s, steady_s), compiled_s and _times(compiled_s, steady_s))} | - |",
     ]
     for concurrency, value in per_min.items():
         rows.append(
             f"| {workload} server throughput, c={concurrency} (diffusers: sequential) | per min | {_fmt(value)} | "
             f"{_cell(base_per_min, mark)} | {_cell(compiled_per_min, '')} | "
-            f"{_both_speedups(value, base_per_min, compiled_per_min)} | - |"
+            f"{_eager_and_compiled(_times(value, base_per_min), compiled_per_min and _times(value, compiled_per_min))}"
+            " | - |"
         )
     rows += [
         f"| {workload} c={high} / c=1 throughput | ratio | {_fmt(s.get('throughput_ratio'))} | - | - | "

@@ -125,7 +125,7 @@ class WanDiT(nn.Module):
                 persistent_rows=True,
                 duck_shapes=False,
                 backend=backend,
-            )  # fmt: skip
+            )
         )
 
     def finish_warmup(self) -> None:
@@ -254,8 +254,9 @@ class WanDiT(nn.Module):
         """Distinct timesteps (one row per item, plus a 0 row for clean frames) and token -> row [T].
 
         At least MIN_TIMESTEP_ROWS rows: torch.compile specialises a dimension of size 1, so one
-        item alone (one row) would compile a second graph of the layer stack at boot. A padding row is never indexed, and rows are computed one at a time (time_rows), so
-        it changes nothing else."""
+        item alone (one row) would compile a second graph of the layer stack at boot. A padding
+        row is never indexed, and rows are computed one at a time (time_rows), so it changes
+        nothing else."""
         timesteps: list[float] = []
         indices = []
         for item, grid, count in zip(items, grids, token_counts, strict=True):
