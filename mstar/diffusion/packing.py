@@ -13,6 +13,18 @@ import torch
 
 T = TypeVar("T")
 
+# Per-item rows (timestep modulation) that enter a compiled layer stack: torch.compile specialises
+# a dimension of size 1, so one item alone would compile a second graph at boot. Padding rows are
+# never indexed by a token.
+MIN_COMPILED_ROWS = 2
+
+
+def pad_rows(rows: torch.Tensor, min_rows: int = MIN_COMPILED_ROWS) -> torch.Tensor:
+    """rows [R, ...] with zero rows appended up to `min_rows` (unchanged when R >= min_rows)."""
+    if rows.shape[0] >= min_rows:
+        return rows
+    return torch.cat([rows, rows.new_zeros(min_rows - rows.shape[0], *rows.shape[1:])])
+
 
 def pack_segments(segments: Sequence[torch.Tensor]) -> tuple[torch.Tensor, tuple[int, ...]]:
     """[n_i, ...] tensors -> ([sum n_i, ...], (n_1, n_2, ...))."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mstar.diffusion.packing import bounded_cache_get
+from mstar.diffusion.packing import MIN_COMPILED_ROWS, bounded_cache_get
 from mstar.engine.attention import AttentionLayout
 from mstar.engine.transfer import to_device
 from mstar.models.wan22.config import WanDiTConfig
@@ -38,7 +38,6 @@ from mstar.models.wan22.dit_layers import (
 )
 
 MAX_CACHED_GRIDS = 64
-MIN_TIMESTEP_ROWS = 2  # see WanDiT._timestep_rows
 
 
 @dataclass
@@ -253,10 +252,9 @@ class WanDiT(nn.Module):
     def _timestep_rows(items, grids, token_counts) -> tuple[torch.Tensor, torch.Tensor]:
         """Distinct timesteps (one row per item, plus a 0 row for clean frames) and token -> row [T].
 
-        At least MIN_TIMESTEP_ROWS rows: torch.compile specialises a dimension of size 1, so one
-        item alone (one row) would compile a second graph of the layer stack at boot. A padding
-        row is never indexed, and rows are computed one at a time (time_rows), so it changes
-        nothing else."""
+        At least MIN_COMPILED_ROWS rows (see mstar.diffusion.packing). Padding here, before the
+        rows are embedded, costs nothing: time_rows computes one row at a time, so a padding row
+        changes no other."""
         timesteps: list[float] = []
         indices = []
         for item, grid, count in zip(items, grids, token_counts, strict=True):
@@ -267,7 +265,7 @@ class WanDiT(nn.Module):
                 timesteps.append(0.0)
                 index[: item.num_clean_frames * grid[1] * grid[2]] = row + 1
             indices.append(index)
-        timesteps += [0.0] * (MIN_TIMESTEP_ROWS - len(timesteps))
+        timesteps += [0.0] * (MIN_COMPILED_ROWS - len(timesteps))
         return torch.tensor(timesteps, dtype=torch.float32), torch.cat(indices)
 
     def unpack(self, patches: torch.Tensor, step: PackedStep) -> list[torch.Tensor]:

@@ -138,7 +138,7 @@ class ZImageDenoiseNode(DenoiseNode):
             h, w = latent_size(height, width, config.vae.spatial_scale)
             latents = torch.zeros(config.dit.in_channels, h, w, device=self.hooks.device)
             item = DenoiseItem("warmup", COND, latents, 500.0, 0.5, 0, caption, {})
-            # One item and a pair: a batch of one specialises the item dimension in the compile.
+            # one item, then a pair that reuses its graph (ZImageDiT.compile_layers)
             self.denoiser.predict([item])
             self.denoiser.predict([item, item])
         self.denoiser.dit.finish_warmup()

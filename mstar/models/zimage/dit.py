@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mstar.diffusion.packing import bounded_cache_get
+from mstar.diffusion.packing import bounded_cache_get, pad_rows
 from mstar.engine.attention import AttentionLayout
 from mstar.engine.transfer import to_device
 from mstar.models.zimage.config import DiTConfig, from_json_dict
@@ -127,20 +127,22 @@ class ZImageDiT(nn.Module):
     def projections_fused(self) -> bool:
         return all(block.attention.fused for block in self.layers)
 
-    def compile_layers(self, mode: str) -> None:
+    def compile_layers(self, mode: str, backend=None) -> None:
         """Compile the main layer stack and the noise refiner (image tokens: eager it is a dozen
         memory-bound passes per layer over [T, dim]) once each, pack length dynamic. The context
-        refiner stays eager: captions are short and their lengths would tie to table sizes."""
+        refiner stays eager: captions are short and their lengths would tie to table sizes.
+
+        One graph each serves every item count: the item rows are never one (pad_rows) and no
+        duck shapes (see CompiledFunction). `backend`: see CompiledFunction."""
         from mstar.engine.compile import CompiledFunction
 
         if mode == "off":
             self._run_layers, self._run_noise_refiner = self._layer_stack, self._noise_refiner_stack
             return
-        self._run_layers = CompiledFunction(
-            self._layer_stack, mode, "zimage.dit.layers", persistent_rows=True
-        )
+        options = {"persistent_rows": True, "duck_shapes": False, "backend": backend}
+        self._run_layers = CompiledFunction(self._layer_stack, mode, "zimage.dit.layers", **options)
         self._run_noise_refiner = CompiledFunction(
-            self._noise_refiner_stack, mode, "zimage.dit.noise_refiner", persistent_rows=True
+            self._noise_refiner_stack, mode, "zimage.dit.noise_refiner", **options
         )
 
     def _compiled_parts(self) -> list:
@@ -239,6 +241,7 @@ class ZImageDiT(nn.Module):
 
         timesteps = to_device(torch.tensor([item.timestep for item in items], dtype=torch.float32), device)
         item_emb = self.t_embedder(timesteps * self.config.t_scale).to(dtype)  # [num_items, adaln_dim]
+        item_emb = pad_rows(item_emb)  # one graph for every item count (compile_layers)
 
         x, x_rope, x_item, cap_rope = self._embed(items, geos, dtype, device)
         x = self._run_noise_refiner(x, x_rope[0], x_rope[1], item_emb, x_item, attn)

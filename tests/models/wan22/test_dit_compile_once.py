@@ -3,9 +3,10 @@ counts compiles): one item alone, pairs, four items of three sizes, an image-to-
 
 import torch
 
+from mstar.diffusion.packing import MIN_COMPILED_ROWS
 from mstar.engine.attention import build_attention
 from mstar.models.wan22.config import tiny_wan22_config
-from mstar.models.wan22.dit import MIN_TIMESTEP_ROWS, DiTInput, WanDiT
+from mstar.models.wan22.dit import DiTInput, WanDiT
 
 
 def _item(frames: int, height: int, width: int, timestep: float = 999.0, num_clean_frames: int = 0):
@@ -40,5 +41,5 @@ def test_one_compile_serves_every_item_count_and_matches_eager():
 
 def test_one_item_gets_a_padding_row_that_no_token_reads():
     timesteps, row_index = WanDiT._timestep_rows([_item(2, 8, 12, 700.0)], [(1, 4, 6)], [24])
-    assert timesteps.tolist() == [700.0, 0.0] and len(timesteps) == MIN_TIMESTEP_ROWS
+    assert timesteps.tolist() == [700.0, 0.0] and len(timesteps) == MIN_COMPILED_ROWS
     assert row_index.tolist() == [0] * 24
