@@ -244,8 +244,8 @@ case "$phase" in
       --poll-interval 0.05 -- "${gpu_flags[@]}"
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
     guarded determinism 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/serving/test_determinism.py
-    guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/zimage/test_gpu_vae.py \
-      tests/models/wan22/test_dit_text_kv.py ;;
+    guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/zimage/test_gpu_vae.py \
+      tests/models/wan22/test_dit_text_kv.py tests/models/test_compile_once_gpu.py ;;
   baseline)  # carry .whl_ref .whl_srv .whl_otel; WHEEL_DIRS=".whl_ref .whl_srv .whl_otel"; CALL_BUDGET_S=560
     require diffusers
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
