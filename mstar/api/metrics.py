@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -100,6 +100,14 @@ class PrometheusMetrics:
             [*labels, "outcome"],
             registry=self.registry,
         )
+        self.gpu_peak_allocated = Gauge(
+            "mstar:gpu_memory_peak_allocated_bytes",
+            "Most bytes a worker's tensors held on its GPUs over its last heartbeat interval "
+            "(torch.cuda.max_memory_allocated, the figure diffusers benchmarks report; device-wide "
+            "usage adds the CUDA context and the allocator's cache)",
+            [*labels, "worker"],
+            registry=self.registry,
+        )
         self.recompiles = Counter(
             "mstar:recompiles",
             "torch.compile recompiles after warmup (each one is a latency spike on the serving path)",
@@ -126,6 +134,9 @@ class PrometheusMetrics:
     def observe_request_end(self, outcome: str, latency_s: float) -> None:
         self.requests.labels(self.model_name, outcome).inc()
         self.e2e_latency.labels(self.model_name).observe(latency_s)
+
+    def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None:
+        self.gpu_peak_allocated.labels(self.model_name, str(worker)).set(peak_allocated_bytes)
 
     def count_recompile(self, node: str, count: int) -> None:
         if count > 0:

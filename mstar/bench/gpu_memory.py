@@ -1,6 +1,8 @@
 """Peak GPU memory of a whole device while a benchmark runs (the server is another process).
 
 Reads NVML through nvidia-ml-py (`pynvml`) when importable, else `nvidia-smi`, else reports None.
+`metrics_allocated_reader` reads what our server's tensors held instead (its /metrics gauge of
+torch.cuda.max_memory_allocated per heartbeat): the figure diffusers' benchmarks report.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import threading
 from collections.abc import Callable
 
 MIB = 1024 * 1024
+ALLOCATED_METRIC = "mstar:gpu_memory_peak_allocated_bytes"
 
 
 def _nvml_reader() -> Callable[[], int] | None:
@@ -45,6 +48,25 @@ def _nvidia_smi_reader() -> Callable[[], int] | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return read_used_bytes
+
+
+def metrics_allocated_reader(base_url: str) -> tuple[str, Callable[[], int]]:
+    """(source name, reader of the server's allocated-peak gauge summed over its workers, in
+    bytes). The reader raises when the server exports no such gauge (another server), so a poller
+    records nothing. /metrics needs no API key."""
+    import urllib.request
+
+    url = base_url.rstrip("/") + "/metrics"
+
+    def read_allocated_bytes() -> int:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            lines = response.read().decode().splitlines()
+        values = [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(ALLOCATED_METRIC + "{")]
+        if not values:
+            raise LookupError(f"{url} exports no {ALLOCATED_METRIC}")
+        return int(sum(values))
+
+    return "torch max_memory_allocated (/metrics)", read_allocated_bytes
 
 
 def memory_reader() -> tuple[str, Callable[[], int]] | None:

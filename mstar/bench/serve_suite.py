@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from mstar.bench.gpu_memory import PeakMemoryPoller
+from mstar.bench.gpu_memory import PeakMemoryPoller, metrics_allocated_reader
 from mstar.bench.serve import RequestRecord, ServeOptions, closed_loop, record_dict, run_one, summarize
 
 RECOMPILES_METRIC = "mstar:recompiles_total"
@@ -158,7 +158,8 @@ class _Session:
         self.per_request_s: float | None = None  # the steady c=1 latency: the time guard's estimate
         self.mixed_zero: RequestRecord | None = None  # request 0 of the mixed run (it had company)
         self.result: dict[str, Any] = {"phases": {}, "skipped": [], "recompiles": {}}
-        self.memory: PeakMemoryPoller | None = None  # set while the phases run
+        self.memory: PeakMemoryPoller | None = None  # set while the phases run: device-wide (NVML)
+        self.allocated: PeakMemoryPoller | None = None  # what the server's tensors held (torch)
 
     def remaining_s(self) -> float:
         return self.options.max_duration_s - (time.perf_counter() - self.start_s)
@@ -189,12 +190,15 @@ class _Session:
 
     async def closed(self, name: str, options: ServeOptions, concurrency: int) -> list[RequestRecord]:
         before = node_seconds_from_metrics(await scrape_metrics(self.client) or "")
-        if self.memory is not None:
-            self.memory.start_window()
+        for poller in (self.memory, self.allocated):
+            if poller is not None:
+                poller.start_window()
         records = await closed_loop(self.client, options, concurrency, first_index=0)
         self.result["phases"][name] = phase_entry(records, self.kind, concurrency)
         if self.memory is not None:  # device-wide (NVML): includes what the server's allocator keeps
             self.result["phases"][name]["peak_gpu_memory_gib"] = self.memory.window_peak_gib
+        if self.allocated is not None:  # like diffusers' figure (torch.cuda.max_memory_allocated)
+            self.result["phases"][name]["peak_gpu_allocated_gib"] = self.allocated.window_peak_gib
         after = node_seconds_from_metrics(await scrape_metrics(self.client) or "")
         self.result["phases"][name]["nodes"] = node_breakdown(before, after, len(records))
         await self.scrape(f"after_{name}")
@@ -287,6 +291,8 @@ def summary(result: dict[str, Any], kind: str, high_concurrency: int) -> dict[st
         "recompiles_in_traffic": None if None in (first, last) else last - first,
         "peak_gpu_memory_gib": result.get("peak_gpu_memory_gib"),
         "peak_gpu_memory_c1_gib": steady.get("peak_gpu_memory_gib"),
+        "peak_gpu_allocated_gib": result.get("peak_gpu_allocated_gib"),
+        "peak_gpu_allocated_c1_gib": steady.get("peak_gpu_allocated_gib"),
     }
 
 
@@ -306,12 +312,14 @@ async def _run(options: SuiteOptions, on_update: Callable[[dict], None]) -> dict
 
         def update(result: dict[str, Any]) -> None:
             result["peak_gpu_memory_gib"], result["gpu_memory_source"] = memory.peak_gib, memory.source
+            result["peak_gpu_allocated_gib"] = allocated.peak_gib
             result["summary"] = summary(result, serve.kind, options.high_concurrency)
             on_update(result)
 
         session.on_update = update
-        with PeakMemoryPoller() as memory:
-            session.memory = memory
+        allocated_reader = metrics_allocated_reader(serve.base_url)
+        with PeakMemoryPoller() as memory, PeakMemoryPoller(reader=allocated_reader) as allocated:
+            session.memory, session.allocated = memory, allocated
             await _phases(session)
         update(session.result)
         return session.result

@@ -72,6 +72,7 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         ),
         ("peak GPU memory GiB", _fmt(s.get("peak_gpu_memory_gib"), 1), ""),
         ("peak GPU memory at c=1 GiB", _fmt(s.get("peak_gpu_memory_c1_gib"), 1), ""),
+        ("peak GPU memory allocated (torch) at c=1 GiB", _fmt(s.get("peak_gpu_allocated_c1_gib"), 1), ""),
         ("parity: repeat alone", _parity_cell(parity.get("repeat_alone")), "inf"),
     ]
     rows += [
@@ -160,6 +161,8 @@ def suite_comparison_rows(result: dict[str, Any], pipelines: list[dict]) -> list
         f"{_cell(base.get('peak_memory_gib'), mark, 1)} | - | - | - |",
         f"| {workload} peak GPU memory during the c=1 phase (device-wide) | GiB | "
         f"{_fmt(s.get('peak_gpu_memory_c1_gib'), 1)} | {_cell(base.get('peak_memory_gib'), mark, 1)} | - | - | - |",
+        f"| {workload} peak GPU memory allocated by torch during the c=1 phase (as diffusers') | GiB | "
+        f"{_fmt(s.get('peak_gpu_allocated_c1_gib'), 1)} | {_cell(base.get('peak_memory_gib'), mark, 1)} | - | - | - |",
     ]
     parity = result.get("parity", {})
     for name, entry in parity.items():

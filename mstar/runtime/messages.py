@@ -66,6 +66,7 @@ class Heartbeat(msgspec.Struct, tag=True, frozen=True):
     worker: int
     incarnation: int
     num_requests: int  # requests whose state this worker holds
+    gpu_peak_allocated_bytes: int = 0  # most bytes its tensors held on GPUs since the last heartbeat
 
 
 class StepProgress(msgspec.Struct, tag=True, frozen=True):

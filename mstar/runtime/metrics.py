@@ -17,6 +17,9 @@ class MetricsSink(Protocol):
 
     def count_recompile(self, node: str, count: int) -> None: ...
 
+    def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None:
+        """The worker's peak allocated GPU bytes over its last heartbeat interval."""
+
 
 class NullMetrics:
     """Used when no sink is given."""
@@ -33,4 +36,7 @@ class NullMetrics:
         pass
 
     def count_recompile(self, node: str, count: int) -> None:
+        pass
+
+    def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None:
         pass

@@ -238,6 +238,7 @@ class Runtime:
     def _on_message(self, message: m.Message) -> None:
         if isinstance(message, m.Heartbeat):
             self._pool.on_heartbeat(message)
+            self.metrics.observe_gpu_memory(message.worker, message.gpu_peak_allocated_bytes)
         elif isinstance(message, m.Ready):
             if self._pool.on_ready(message) and self._started:
                 self._conductor.admit_waiting()

@@ -19,6 +19,7 @@ import msgspec
 import zmq
 
 from mstar.config import ServerConfig
+from mstar.engine.memory import take_peak_allocated_bytes
 from mstar.graph import BuildContext, ModelSpec, Node
 from mstar.models.registry import get_model_spec
 from mstar.runtime import messages as m
@@ -178,7 +179,8 @@ class Worker:
             if not self._parent_alive():
                 os._exit(1)  # orphaned: the API process is gone, nobody will shut us down
             num_requests = len(self.loop.table) if self.loop is not None else 0
-            send(socket, m.Heartbeat(self.boot.worker, self.boot.incarnation, num_requests))
+            peak_bytes = take_peak_allocated_bytes()
+            send(socket, m.Heartbeat(self.boot.worker, self.boot.incarnation, num_requests, peak_bytes))
             self._heartbeat_stop.wait(HEARTBEAT_INTERVAL_S)
         socket.close(linger=0)
 

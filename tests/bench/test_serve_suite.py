@@ -160,6 +160,7 @@ def test_suite_against_tiny_digits(tmp_path):
     assert [r["size"] for r in phases["mixed"]["requests"]] == ["256x256", "256x256"]
     s = result["summary"]
     assert s["boot_s"] == 1.5
+    assert s["peak_gpu_allocated_c1_gib"] == 0.0  # read from the server's /metrics: no GPU here
     assert s["cold_over_steady"] == pytest.approx(s["cold_latency_s"] / s["steady_p50_s"])
     assert s["throughput_ratio"] == pytest.approx(s["per_minute_c2"] / s["per_minute_c1"])
     assert s["recompiles_in_traffic"] == 0 and s["recompiles_in_mixed"] == 0  # scraped, none on CPU eager

@@ -13,7 +13,7 @@ from tests.runtime.helpers import final_event, make_config, run, until_progress,
 class RecordingMetrics:
     def __init__(self):
         self.queue_times, self.steps, self.ends, self.recompiles = [], [], [], []
-        self.host_durations_s = []
+        self.host_durations_s, self.gpu_memory = [], []
 
     def observe_queue_time(self, seconds):
         self.queue_times.append(seconds)
@@ -24,6 +24,9 @@ class RecordingMetrics:
 
     def observe_request_end(self, outcome, latency_s):
         self.ends.append(outcome)
+
+    def observe_gpu_memory(self, worker, peak_allocated_bytes):
+        self.gpu_memory.append((worker, peak_allocated_bytes))
 
     def count_recompile(self, node, count):
         self.recompiles.append((node, count))
@@ -137,6 +140,11 @@ def test_metrics_see_steps_endings_and_recompiles(loop, runtime):
     assert ("denoiser", 1, 3) in [step[:3] for step in metrics.steps]
     assert {step[0] for step in metrics.steps} == {"encoder", "aux", "denoiser", "decoder"}
     assert all(step[3] >= 0 for step in metrics.steps) and len(metrics.queue_times) >= len(metrics.ends)
+    # heartbeats carry each worker's peak allocated GPU bytes: none on a CPU worker
+    run(loop, wait_for(lambda: metrics.gpu_memory))
+    assert {worker for worker, _ in metrics.gpu_memory} <= {0, 1} and {b for _, b in metrics.gpu_memory} == {
+        0
+    }
     # CPU workers: the host time is the step's time, and it reaches the sink with every step
     assert len(metrics.host_durations_s) == len(metrics.steps) and all(
         s > 0 for s in metrics.host_durations_s

@@ -175,6 +175,8 @@ class StepRecorder:
 
     def count_recompile(self, node: str, count: int) -> None: ...
 
+    def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None: ...
+
 
 async def run_mix(runtime, many_params: list[dict]) -> list[dict]:
     await runtime.start()
