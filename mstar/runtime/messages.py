@@ -124,6 +124,16 @@ class Release(msgspec.Struct, tag=True, frozen=True):
 
 class Peers(msgspec.Struct, tag=True, frozen=True):
     endpoints: list[str]  # per worker index; "" while that worker is down
+    version: int = 0  # the pool's count of broadcasts: PeersKnown answers with it
+
+
+class PeersKnown(msgspec.Struct, tag=True, frozen=True):
+    """A worker applied Peers `version`. Requests are admitted once every worker that is up has the
+    newest table: a peer's handoff can overtake the conductor's broadcast (another connection)."""
+
+    worker: int
+    incarnation: int
+    version: int
 
 
 class Shutdown(msgspec.Struct, tag=True, frozen=True):
@@ -164,6 +174,7 @@ Message = (
     | RunWalk
     | Release
     | Peers
+    | PeersKnown
     | Shutdown
     | Handoff
 )

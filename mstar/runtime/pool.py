@@ -40,6 +40,7 @@ class WorkerProcess:
     restart_at: float | None = None  # monotonic time of the next spawn attempt
     boot_error: str = ""
     released: list[str] = field(default_factory=list)
+    peers_version: int = -1  # the newest Peers table it applied (PeersKnown)
 
     @property
     def is_up(self) -> bool:
@@ -54,6 +55,7 @@ class WorkerPool:
         self._run_dir = run_dir
         self._context = zmq.Context()
         self.outboxes = Outboxes(self._context)
+        self.peers_version = 0  # Peers broadcasts so far
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -61,6 +63,7 @@ class WorkerPool:
         worker = self.workers[index]
         worker.incarnation += 1
         worker.endpoint, worker.restart_at, worker.boot_error = "", None, ""
+        worker.peers_version = -1
         worker.last_heartbeat = time.monotonic()
         boot = msgspec.structs.replace(
             self._template,
@@ -99,6 +102,18 @@ class WorkerPool:
             return False
         worker.boot_error = message.error
         return True
+
+    def on_peers_known(self, message: m.PeersKnown) -> bool:
+        """True when this ack makes every worker that is up hold the newest table."""
+        worker = self.workers[message.worker]
+        if message.incarnation != worker.incarnation:
+            return False
+        worker.peers_version = max(worker.peers_version, message.version)
+        return self.peers_settled
+
+    @property
+    def peers_settled(self) -> bool:
+        return all(w.peers_version == self.peers_version for w in self.workers if w.is_up)
 
     def on_heartbeat(self, message: m.Heartbeat) -> None:
         worker = self.workers[message.worker]
@@ -199,7 +214,8 @@ class WorkerPool:
                 self.outboxes.send(worker.index, message)
 
     def broadcast_peers(self) -> None:
-        self.broadcast(m.Peers([worker.endpoint for worker in self.workers]))
+        self.peers_version += 1
+        self.broadcast(m.Peers([worker.endpoint for worker in self.workers], self.peers_version))
 
     def pids(self) -> list[int | None]:
         return [worker.popen.pid if worker.popen is not None else None for worker in self.workers]

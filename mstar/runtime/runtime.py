@@ -140,7 +140,7 @@ class Runtime:
         return len(requests)
 
     async def _wait_until_up(self) -> None:
-        while not self._pool.all_up:
+        while not (self._pool.all_up and self._pool.peers_settled):
             for worker in self._pool.workers:
                 if worker.boot_error:
                     raise RuntimeError(self._boot_failure(worker.index, worker.boot_error))
@@ -240,7 +240,9 @@ class Runtime:
             self._pool.on_heartbeat(message)
             self.metrics.observe_gpu_memory(message.worker, message.gpu_peak_allocated_bytes)
         elif isinstance(message, m.Ready):
-            if self._pool.on_ready(message) and self._started:
+            self._pool.on_ready(message)
+        elif isinstance(message, m.PeersKnown):
+            if self._pool.on_peers_known(message) and self._started:
                 self._conductor.admit_waiting()
         elif isinstance(message, m.BootProgress):
             self._report_boot_progress(message)

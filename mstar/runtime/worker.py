@@ -160,6 +160,8 @@ class Worker:
         """A bug while handling one request's message fails that request, not the worker."""
         try:
             self.loop.handle(message)
+            if isinstance(message, m.Peers):
+                send(self.conductor, m.PeersKnown(self.boot.worker, self.boot.incarnation, message.version))
         except Exception as exc:
             log.exception("failed to handle %s", type(message).__name__)
             rid = getattr(message, "rid", None)
@@ -179,10 +181,25 @@ class Worker:
             if not self._parent_alive():
                 os._exit(1)  # orphaned: the API process is gone, nobody will shut us down
             num_requests = len(self.loop.table) if self.loop is not None else 0
-            peak_bytes = take_peak_allocated_bytes()
-            send(socket, m.Heartbeat(self.boot.worker, self.boot.incarnation, num_requests, peak_bytes))
+            send(
+                socket,
+                m.Heartbeat(
+                    self.boot.worker, self.boot.incarnation, num_requests, self._peak_allocated_bytes()
+                ),
+            )
             self._heartbeat_stop.wait(HEARTBEAT_INTERVAL_S)
         socket.close(linger=0)
+
+    def _peak_allocated_bytes(self) -> int:
+        """0 until the nodes are built: torch may still be importing on the main thread (a half
+        imported module). A failed read never stops the heartbeat: missing beats mark us dead."""
+        if self.loop is None:
+            return 0
+        try:
+            return take_peak_allocated_bytes()
+        except Exception:
+            log.debug("reading the peak allocated GPU memory failed", exc_info=True)
+            return 0
 
     def close(self) -> None:
         """Stop the heartbeat, flush what is queued for the conductor (bounded), close everything."""

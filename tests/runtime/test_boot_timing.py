@@ -35,3 +35,22 @@ def test_runtime_start_logs_workers_up_warmup_total_and_ready_seconds(loop, capl
     assert any(re.fullmatch(f"boot: 2 worker\\(s\\) up in {SECONDS}", line) for line in messages)
     assert any(re.fullmatch(f"warmup request 1/1 done in {SECONDS}", line) for line in messages)
     assert any(re.fullmatch(summary, line) for line in messages), messages
+
+
+def test_heartbeat_memory_read_waits_for_the_nodes_and_never_raises(monkeypatch):
+    """The heartbeat thread runs from the start of the boot, while torch may still be importing on
+    the main thread; a read that fails must not stop the beats (missing beats mark a worker dead)."""
+    from mstar.runtime import worker as worker_module
+
+    worker = worker_module.Worker.__new__(worker_module.Worker)
+    worker.loop = None
+    monkeypatch.setattr(worker_module, "take_peak_allocated_bytes", lambda: 7)
+    assert worker._peak_allocated_bytes() == 0  # nodes not built yet
+    worker.loop = object()
+    assert worker._peak_allocated_bytes() == 7
+
+    def half_imported_torch() -> int:
+        raise AttributeError("partially initialized module 'torch' has no attribute 'cuda'")
+
+    monkeypatch.setattr(worker_module, "take_peak_allocated_bytes", half_imported_torch)
+    assert worker._peak_allocated_bytes() == 0

@@ -25,6 +25,8 @@ SAMPLES = [
     m.RunWalk("a", "req", {"prompt": "x", "steps": 3, "size": [2, 3]}, "encode", m.CONDUCTOR, [], True),
     m.Release("a"),
     m.Peers(["ipc:///a", ""]),
+    m.Peers(["ipc:///a", "ipc:///b"], 3),
+    m.PeersKnown(1, 2, 3),
     m.Shutdown(),
     m.Handoff("stage", "a", "req", {"seed": 1}, "generate", 1, -1, 0, []),
 ]
