@@ -171,13 +171,26 @@ async def _serve(config: Any, spec: Any, sock: socket.socket) -> int:
     return 0
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is at each record, not as it was when the handler was made (an
+    in-process `serve` under a test runner would otherwise keep a stream that gets closed)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def configure_main_logging() -> None:
     """Show the runtime's INFO lines (boot timings, warmup progress) on stderr, formatted like the
     workers' lines. Only the "mstar" loggers: the root logger and uvicorn keep their own levels."""
     logger = logging.getLogger("mstar")
     if any(handler.get_name() == MAIN_LOG_HANDLER for handler in logger.handlers):
         return  # a second serve in the same process must not print every line twice
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _CurrentStderrHandler()
     handler.set_name(MAIN_LOG_HANDLER)
     handler.setFormatter(logging.Formatter("%(asctime)s main %(levelname)s %(name)s: %(message)s"))
     logger.addHandler(handler)

@@ -166,3 +166,16 @@ def test_progress_bars_follow_labels(capsys):
     bars.close()
     err = capsys.readouterr().err
     assert "load dit" in err and "3/3" in err and "warmup" in err
+
+
+def test_main_log_handler_writes_to_the_current_stderr(monkeypatch):
+    logger = logging.getLogger("mstar")
+    try:
+        cli.configure_main_logging()
+        later = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", later)  # e.g. a test runner's capture replaced it
+        logging.getLogger("mstar.runtime").warning("boot: a line")
+        assert "main WARNING mstar.runtime: boot: a line" in later.getvalue()
+    finally:
+        for handler in [h for h in logger.handlers if h.get_name() == cli.MAIN_LOG_HANDLER]:
+            logger.removeHandler(handler)
