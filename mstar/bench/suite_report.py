@@ -92,20 +92,18 @@ def suite_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _baseline(workload: str, pipelines: list[dict]) -> tuple[dict[str, Any], str]:
-    """diffusers eager measured in this set of results, else H200.md's figure (marked)."""
+def _measured(workload: str, pipelines: list[dict], mode: str) -> dict[str, Any]:
+    """diffusers' run of `workload` in `mode` (eager | compiled) in this set of results, or {}."""
     for run in pipelines:
-        if run.get("workload") == workload and run.get("mode") == "eager":
-            return run, ""
-    return H200_MD_DIFFUSERS.get(workload, {}), H200_MD_MARK
-
-
-def _compiled_baseline(workload: str, pipelines: list[dict]) -> dict[str, Any]:
-    """diffusers with its transformer compiled, when measured in this set of results."""
-    for run in pipelines:
-        if run.get("workload") == workload and run.get("mode") == "compiled":
+        if run.get("workload") == workload and run.get("mode") == mode:
             return run
     return {}
+
+
+def _baseline(workload: str, pipelines: list[dict]) -> tuple[dict[str, Any], str]:
+    """diffusers eager measured in this set of results, else H200.md's figure (marked)."""
+    run = _measured(workload, pipelines, "eager")
+    return (run, "") if run else (H200_MD_DIFFUSERS.get(workload, {}), H200_MD_MARK)
 
 
 def _per_minute(latency_s: float | None) -> float | None:
@@ -131,7 +129,7 @@ def suite_comparison_rows(result: dict[str, Any], pipelines: list[dict]) -> list
     s, kind, high = result.get("summary", {}), _kind(result), _high(result)
     base, mark = _baseline(workload, pipelines)
     base_s = base.get("latency_p50_s")
-    compiled_s = _compiled_baseline(workload, pipelines).get("latency_p50_s")
+    compiled_s = _measured(workload, pipelines, "compiled").get("latency_p50_s")
     base_per_min, compiled_per_min = _per_minute(base_s), _per_minute(compiled_s)
     steady_s = s.get("steady_p50_s")
     per_min = {1: s.get("per_minute_c1"), high: s.get(f"per_minute_c{high}")}

@@ -108,6 +108,10 @@ class CompiledFunction:
         self._eager = fn
         self._backend = backend
         self._duck_shapes = duck_shapes or mode == "off"
+        if not self._duck_shapes:  # imported once here, not on every step's call
+            import torch.fx.experimental._config as shape_config
+
+            self._shape_config = shape_config
         self._compiled = fn if mode == "off" else self._compile(fn, dynamic)
 
     def _compile(self, fn: Callable[..., Any], dynamic: bool) -> Callable[..., Any]:
@@ -140,10 +144,8 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._duck_shapes:
             return self._compiled(*args, **kwargs)
-        import torch.fx.experimental._config as shape_config
-
         # read when dynamo compiles (inside the call); guards of a compiled graph do not depend on it
-        with shape_config.patch(use_duck_shape=False):
+        with self._shape_config.patch(use_duck_shape=False):
             return self._compiled(*args, **kwargs)
 
     def finish_warmup(self) -> None:

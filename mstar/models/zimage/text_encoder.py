@@ -39,19 +39,15 @@ class PromptEncoder:
         self.device = torch.device(device)
         self.max_sequence_length = max_sequence_length
 
-    def tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input_ids [B, L], attention_mask [B, L] bool) on the host, right padded."""
-        texts = [chat_text(self.tokenizer, prompt) for prompt in prompts]
-        if hasattr(self.tokenizer, "padding_side"):
-            self.tokenizer.padding_side = "right"
+    def tokenize(self, prompt: str) -> torch.Tensor:
+        """input_ids [1, num_tokens] of one prompt in its chat template, on the host (no padding)."""
         encoded = self.tokenizer(
-            texts,
-            padding="longest",
+            [chat_text(self.tokenizer, prompt)],
             max_length=self.max_sequence_length,
             truncation=True,
             return_tensors="pt",
         )
-        return encoded["input_ids"], encoded["attention_mask"].bool()
+        return encoded["input_ids"]
 
     @torch.inference_mode()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
@@ -62,7 +58,7 @@ class PromptEncoder:
         return [self._encode_one(prompt) for prompt in prompts]
 
     def _encode_one(self, prompt: str) -> torch.Tensor:
-        input_ids, _ = self.tokenize([prompt])  # [1, num_tokens] on the host, no padding
+        input_ids = self.tokenize(prompt)  # [1, num_tokens]
         outputs = self.model(
             input_ids=to_device(input_ids, self.device), output_hidden_states=True, use_cache=False
         )
