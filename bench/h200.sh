@@ -48,7 +48,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -68,7 +68,7 @@ mkdir -p "$out"
 # call1/call2 install only their own wheel folders: a folder left by an earlier call (e.g. diffusers)
 # must not change what they measure.
 case "$phase" in
-  call1 | serve-zimage-suite | serve-zimage-eager) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
+  call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
   call2)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
@@ -224,12 +224,23 @@ case "$phase" in
     missing "${SERVER_MODULES[@]}"  # said first: the serve phase at the end needs them
     guarded profile 230 python3 -m mstar.bench.profile --workloads wan-480p-cfg,wan-720p-b1,zimage-1024-b1 \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
-    guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/runtime/test_step_timer.py \
+    # TORCH_LOGS=recompiles: a recompile in these tests prints the guard that failed
+    guarded gpu-tests 90 env TORCH_LOGS=recompiles python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+      -p no:logging tests/runtime/test_step_timer.py \
       tests/models/zimage/test_gpu_vae.py tests/models/wan22/test_dit_text_kv.py tests/models/test_compile_once_gpu.py
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
   serve-zimage-eager)  # compile off (fast boot): each node's device and host time per step, a diagnostic
+    suite_phase z-image-turbo zimage-1024 '["1024x1024"]' 20 \
+      --num-steady 4 --high-concurrency 4 --num-high 4 --num-mixed 0 --company-sizes 768x1024 \
+      -- --random-weights --device cuda --attention-backend fa3 --compile-mode off ;;
+  diag-text)  # carry .whl_fa3 .whl_srv .whl_otel: the compile-once GPU tests, then where the prompt
+    # step's host time goes: Qwen3 alone in a fresh process, then inside the server (compile off)
+    guarded gpu-tests 120 env TORCH_LOGS=recompiles python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+      -p no:logging tests/models/test_compile_once_gpu.py
+    guarded text-encoder-alone 100 python3 bench/text_encoder_profile.py
+    export MSTAR_PROFILE_NODES=text_encoder MSTAR_PROFILE_DIR="$out/profiles"
     suite_phase z-image-turbo zimage-1024 '["1024x1024"]' 20 \
       --num-steady 4 --high-concurrency 4 --num-high 4 --num-mixed 0 --company-sizes 768x1024 \
       -- --random-weights --device cuda --attention-backend fa3 --compile-mode off ;;

@@ -13,6 +13,7 @@ traffic) is logged as a warning and reported to /metrics by the worker.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -85,6 +86,10 @@ class CompiledFunction:
     dimensions of equal size at the first compile share one, so a dynamic dimension that happens to
     equal one the graph specialises (the 2 of stacked keys/values) is specialised with it, and a
     later size compiles again. `backend` replaces inductor (tests count compiles with it).
+
+    Python floats seen while tracing (a norm's eps) are constants: traced as symbols, one that a
+    kernel needs as a plain float (layer_norm's eps) makes dynamo throw away its first compile and
+    trace again (Z-Image's final layer: every boot paid that compile twice, counted as two).
     """
 
     def __init__(
@@ -108,11 +113,24 @@ class CompiledFunction:
         self._eager = fn
         self._backend = backend
         self._duck_shapes = duck_shapes or mode == "off"
-        if not self._duck_shapes:  # imported once here, not on every step's call
-            import torch.fx.experimental._config as shape_config
-
-            self._shape_config = shape_config
         self._compiled = fn if mode == "off" else self._compile(fn, dynamic)
+        self._trace_config = None if mode == "off" else self._trace_config_patch()
+
+    def _trace_config_patch(self) -> Callable[[], Any]:
+        """What dynamo reads when it traces (inside a call); a compiled graph's guards do not
+        depend on it. Built once here, not on every step's call."""
+        import torch._dynamo.config as dynamo_config
+        import torch.fx.experimental._config as shape_config
+
+        dynamo_options = {"specialize_float": True} if hasattr(dynamo_config, "specialize_float") else {}
+        shape_options = {} if self._duck_shapes else {"use_duck_shape": False}
+
+        @contextlib.contextmanager
+        def patch():
+            with dynamo_config.patch(dynamo_options), shape_config.patch(shape_options):
+                yield
+
+        return patch
 
     def _compile(self, fn: Callable[..., Any], dynamic: bool) -> Callable[..., Any]:
         import torch
@@ -142,10 +160,9 @@ class CompiledFunction:
         return torch.compile(fn, backend=counting_backend, dynamic=dynamic)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._duck_shapes:
+        if self._trace_config is None:
             return self._compiled(*args, **kwargs)
-        # read when dynamo compiles (inside the call); guards of a compiled graph do not depend on it
-        with self._shape_config.patch(use_duck_shape=False):
+        with self._trace_config():
             return self._compiled(*args, **kwargs)
 
     def finish_warmup(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_cached_memory
 from mstar.graph import Loop, ModelSpec, Node, Parallel, RequestState, Stage, stage_nodes
 from mstar.runtime import messages as m
+from mstar.runtime.node_profile import NodeProfiler
 from mstar.runtime.requests import RequestTable, WorkerRequest
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_timer import StepTimer
@@ -59,6 +60,7 @@ class StepLoop:
         }
         self.table = RequestTable(on_release=self._release_nodes, released=released)
         self.step_timer = StepTimer()
+        self.profiler = NodeProfiler.from_env(worker)  # MSTAR_PROFILE_NODES: a diagnostic
 
     # ---- messages ------------------------------------------------------------------------
 
@@ -270,7 +272,8 @@ class StepLoop:
         cost = sum(_safe_cost(node, r.state) for r in batch)
         timing = self.step_timer.start()
         host_started = time.perf_counter()
-        failure = _run_forward(node, batch)
+        with self.profiler.around(node.name):
+            failure = _run_forward(node, batch)
         host_s = time.perf_counter() - host_started
         if failure is not None:
             message, out_of_memory = failure
