@@ -67,6 +67,8 @@ class ServerConfig(BaseModel):
     fuse_projections: bool = True
     max_tokens_per_step: int = Field(131072, ge=1)
     max_batch_size: int = Field(8, ge=1)
+    # prompt embeddings kept on the text encoder's device for texts that come back (0: off)
+    prompt_cache_mb: int = Field(64, ge=0)
 
     @field_validator("device")
     @classmethod

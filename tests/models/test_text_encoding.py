@@ -1,5 +1,6 @@
 """The shared text_encoder node: one encode call per batch, negative prompts only under each
-model's guidance rule (Wan: scale > 1, Z-Image: scale > 0), results stored under the shared keys."""
+model's guidance rule (Wan: scale > 1, Z-Image: scale > 0), results stored under the shared keys.
+The prompt cache is off here (test_prompt_cache.py tests it)."""
 
 import pytest
 
@@ -30,7 +31,7 @@ def _request(request_id: str, guidance_scale: float, negative_prompt: str | None
 @pytest.mark.parametrize(("node_class", "guided_at"), [(WanTextEncoderNode, 1.5), (TextEncoderNode, 0.5)])
 def test_negative_prompts_follow_the_models_guidance_rule(node_class, guided_at):
     encoder = EchoEncoder()
-    node = node_class(encoder, max_batch_size=4)
+    node = node_class(encoder, max_batch_size=4, max_cached_bytes=0)
     unguided = _request("1", guidance_scale=guided_at - 0.5, negative_prompt="blurry")
     guided = _request("2", guidance_scale=guided_at, negative_prompt="blurry")
     guided_default = _request("3", guidance_scale=guided_at)

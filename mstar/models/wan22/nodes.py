@@ -141,7 +141,11 @@ def _text_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, d
     tokenizer_dir = None if model_path is None else str(Path(model_path) / "tokenizer")
     tokenizer = load_tokenizer(tokenizer_dir, config.text_encoder["vocab_size"])
     encoder = PromptEncoder(model, tokenizer, ctx.device, config.max_text_tokens)
-    return WanTextEncoderNode(encoder, max_batch_size=ctx.config.max_batch_size)
+    return WanTextEncoderNode(
+        encoder,
+        max_batch_size=ctx.config.max_batch_size,
+        max_cached_bytes=ctx.config.prompt_cache_mb * 1024 * 1024,
+    )
 
 
 def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dtype) -> Node:

@@ -162,7 +162,11 @@ def _text_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, 
     folder = None if model_path is None else str(Path(model_path) / "text_encoder")
     model = build_qwen3(config.text_encoder, ctx.device, dtype, path=folder)
     encoder = PromptEncoder(model, load_tokenizer(model_path, config), ctx.device, config.max_sequence_length)
-    return TextEncoderNode(encoder, max_batch_size=ctx.config.max_batch_size)
+    return TextEncoderNode(
+        encoder,
+        max_batch_size=ctx.config.max_batch_size,
+        max_cached_bytes=ctx.config.prompt_cache_mb * 1024 * 1024,
+    )
 
 
 def load_tokenizer(model_path: str | None, config: ZImageConfig):
