@@ -22,8 +22,8 @@ class PromptEmbedsCache:
     """Embeddings by prompt text, least recently used dropped first, within `max_bytes`.
 
     The encoder is launch-bound (Qwen3-4B: 32 ms per prompt on an H200 host, 52 ms after an idle
-    gap, for about 3 ms of GPU work), and the same texts come back: Wan's negative prompt on every
-    guided request, a prompt tried with several seeds. A prompt is encoded alone, so a cached
+    gap, where reading its 8 GB of weights takes under 2 ms), and the same texts come back: Wan's
+    negative prompt on every guided request, a prompt tried with several seeds. A prompt is encoded alone, so a cached
     embedding is the one a fresh forward gives. Consumers only read them (they are shared)."""
 
     def __init__(self, max_bytes: int = DEFAULT_PROMPT_CACHE_BYTES):
