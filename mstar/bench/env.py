@@ -22,7 +22,11 @@ def package_version(name: str) -> str | None:
 def _git_commit() -> str | None:
     try:
         result = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+            # "-dirty" when the files differ from the commit (a copied tree, local edits)
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
     except (OSError, subprocess.SubprocessError):
         return None
