@@ -1,6 +1,7 @@
 """Diagnostic: Z-Image's prompt step (Qwen3-4B, one prompt per forward) on the GPU, alone in a
 process: its host time back to back, and after an idle gap, to tell the encoder's own cost from
-what an idle machine adds (the server runs it after a gap at c=1). Then a cProfile of three forwards.
+what an idle machine adds (the server runs it after a gap at c=1); eager, then replaying CUDA
+graphs (cuda_graphs, with the largest difference from eager). Then a cProfile of three forwards.
 
     PYTHONPATH=/tmp/site:. python3 bench/text_encoder_profile.py
 """
@@ -52,15 +53,25 @@ def forward_ms(encoder, gap) -> tuple[float, float]:
 
 
 model = build_qwen3(REAL.text_encoder, "cuda", torch.bfloat16)
-encoder = PromptEncoder(model, load_tokenizer(None, REAL), "cuda", REAL.max_sequence_length)
-print("attn implementation:", model.config._attn_implementation)
-for _ in range(3):
-    encoder.encode([PROMPT])
-for name, gap in GAPS.items():
-    runs = [forward_ms(encoder, gap) for _ in range(6)]
-    host = statistics.median(r[0] for r in runs)
-    wall = statistics.median(r[1] for r in runs)
-    print(f"{name:>14}: host {host:.1f} ms, until done {wall:.1f} ms (median of 6)")
+tokenizer = load_tokenizer(None, REAL)
+encoder = PromptEncoder(model, tokenizer, "cuda", REAL.max_sequence_length)
+graphed = PromptEncoder(model, tokenizer, "cuda", REAL.max_sequence_length, cuda_graphs=True)
+started = time.perf_counter()
+graphed.warmup()
+print(f"attn implementation: {model.config._attn_implementation}; graphs captured in "
+      f"{time.perf_counter() - started:.2f} s; prompt tokens {encoder.tokenize(PROMPT).shape[1]}")  # fmt: skip
+for label, timed in (("eager", encoder), ("CUDA graphs", graphed)):
+    for _ in range(3):
+        timed.encode([PROMPT])
+    for name, gap in GAPS.items():
+        runs = [forward_ms(timed, gap) for _ in range(6)]
+        host = statistics.median(r[0] for r in runs)
+        wall = statistics.median(r[1] for r in runs)
+        print(f"{label:>11} {name:>14}: host {host:.1f} ms, until done {wall:.1f} ms (median of 6)")
+for prompt in (PROMPT, "a city street at night in the rain, neon reflections " * 6):
+    want, got = encoder.encode([prompt])[0].float(), graphed.encode([prompt])[0].float()
+    print(f"graphs vs eager, {want.shape[0]} tokens: max abs diff {(got - want).abs().max().item():.4f}, "
+          f"max abs {want.abs().max().item():.2f}")  # fmt: skip
 profiler = cProfile.Profile()
 profiler.enable()
 for _ in range(3):

@@ -61,6 +61,8 @@ class ServerConfig(BaseModel):
 
     compile_mode: Literal["deterministic", "default", "max-autotune", "off"] = "deterministic"
     compile_sizes: list[str] = []
+    # launch-bound parts replay CUDA graphs captured at warmup (Z-Image's prompt encoder); CUDA only
+    cuda_graphs: bool = True
     warmup: bool = True
     # DiT q/k/v (and Z-Image gate/up) projections concatenated into one GEMM each after loading;
     # CUDA only (the CPU path stays the plain reference). False to A/B it or rule it out.

@@ -40,9 +40,17 @@ def wan_encoder() -> WanPromptEncoder:
 
 
 def zimage_encoder() -> ZImagePromptEncoder:
+    """Runs Qwen3's layers itself (hidden_states[-2] needs all but the last): its calls are those of
+    the first layer."""
     model = build_qwen3(TINY.text_encoder, "cpu", torch.float32)
     tokenizer = FallbackTokenizer(TINY.text_encoder["vocab_size"], TINY.max_sequence_length, add_eos=False)
-    return ZImagePromptEncoder(CallRecorder(model), tokenizer, "cpu", TINY.max_sequence_length)
+    encoder = ZImagePromptEncoder(model, tokenizer, "cpu", TINY.max_sequence_length)
+    model.calls = []
+    model.layers[0].register_forward_pre_hook(
+        lambda _, args, kwargs: model.calls.append(([tuple(a.shape) for a in args], dict(kwargs))),
+        with_kwargs=True,
+    )
+    return encoder
 
 
 ENCODERS = {"wan22": wan_encoder, "zimage": zimage_encoder}

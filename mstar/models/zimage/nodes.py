@@ -161,7 +161,10 @@ def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, No
 def _text_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
     folder = None if model_path is None else str(Path(model_path) / "text_encoder")
     model = build_qwen3(config.text_encoder, ctx.device, dtype, path=folder)
-    encoder = PromptEncoder(model, load_tokenizer(model_path, config), ctx.device, config.max_sequence_length)
+    tokenizer = load_tokenizer(model_path, config)
+    encoder = PromptEncoder(
+        model, tokenizer, ctx.device, config.max_sequence_length, cuda_graphs=ctx.config.cuda_graphs
+    )
     return TextEncoderNode(
         encoder,
         max_batch_size=ctx.config.max_batch_size,

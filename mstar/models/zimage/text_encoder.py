@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from mstar.engine.cuda_graphs import DEFAULT_BUCKET_LENGTHS, GraphedByLength
 from mstar.engine.transfer import to_device
 from mstar.models.text_encoding import PromptEmbedsNode
 
@@ -32,12 +33,29 @@ class PromptEncoder:
     there, so each prompt is encoded alone, unpadded and without a mask (see `encode`)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, device: torch.device | str, max_sequence_length: int = 512
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: torch.device | str,
+        max_sequence_length: int = 512,
+        cuda_graphs: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_sequence_length = max_sequence_length
+        self.hidden = self._second_to_last_hidden
+        if cuda_graphs and self.device.type == "cuda":
+            # Causal: right-padding a prompt to its bucket leaves its own tokens' states unchanged.
+            buckets = tuple(n for n in DEFAULT_BUCKET_LENGTHS if n < max_sequence_length)
+            self.hidden = GraphedByLength(
+                self._second_to_last_hidden, _pad_id(tokenizer), self.device, (*buckets, max_sequence_length)
+            )
+
+    def warmup(self) -> None:
+        """Capture the CUDA graphs (one per length bucket), when they are on."""
+        if isinstance(self.hidden, GraphedByLength):
+            self.hidden.capture()
 
     def tokenize(self, prompt: str) -> torch.Tensor:
         """input_ids [1, num_tokens] of one prompt in its chat template, on the host (no padding)."""
@@ -58,11 +76,27 @@ class PromptEncoder:
         return [self._encode_one(prompt) for prompt in prompts]
 
     def _encode_one(self, prompt: str) -> torch.Tensor:
-        input_ids = self.tokenize(prompt)  # [1, num_tokens]
-        outputs = self.model(
-            input_ids=to_device(input_ids, self.device), output_hidden_states=True, use_cache=False
-        )
-        return outputs.hidden_states[-2][0]  # [num_tokens, hidden]
+        input_ids = to_device(self.tokenize(prompt), self.device)  # [1, num_tokens]
+        return self.hidden(input_ids)[0]  # [num_tokens, hidden]
+
+    def _second_to_last_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """What Qwen3Model(output_hidden_states=True).hidden_states[-2] holds, [1, L, hidden]: the
+        output of every layer but the last (which, with the final norm, is never run). No mask:
+        causal attention over the whole (unpadded or right-padded) sequence."""
+        model = self.model
+        hidden = model.embed_tokens(input_ids)
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        rope = model.rotary_emb(hidden, position_ids)
+        for layer in model.layers[: len(model.layers) - 1]:
+            hidden = layer(hidden, attention_mask=None, position_embeddings=rope, position_ids=position_ids)
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden  # older transformers: a tuple
+        return hidden
+
+
+def _pad_id(tokenizer: Any) -> int:
+    """The token right-padding fills with (any id would do: causal, its states are dropped)."""
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    return 0 if pad_id is None else int(pad_id)
 
 
 def uses_guidance(params: dict[str, Any]) -> bool:
@@ -75,6 +109,10 @@ class TextEncoderNode(PromptEmbedsNode):
 
     def uses_guidance(self, params: dict[str, Any]) -> bool:
         return uses_guidance(params)
+
+    def warmup(self) -> None:
+        if hasattr(self.encoder, "warmup"):
+            self.encoder.warmup()
 
 
 def build_qwen3(

@@ -1,0 +1,82 @@
+"""CUDA graphs for launch-bound functions of one token sequence, one graph per length bucket.
+
+A text encoder's forward over one short prompt is a thousand small kernels: on an H200 host
+Qwen3-4B spends 32 ms launching them (52 ms after an idle gap) for under 2 ms of weight reads.
+Replaying a captured graph launches them all at once. The function must be causal over its
+sequence (a token sees only those before it), so that right-padding a sequence to its bucket
+leaves the real tokens' outputs as they were; it must not read the device back (capture forbids
+it). Sequences longer than the largest bucket run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+DEFAULT_BUCKET_LENGTHS = (16, 32, 64, 128, 256, 512)
+NUM_WARMUP_RUNS = 2  # before capture, on a side stream: lazy inits (cuBLAS handles, workspaces)
+
+
+class GraphedByLength:
+    """fn(ids [1, L] int64 on `device`) -> [1, L, ...]; captured per bucket by `capture()`.
+
+    A call pads `ids` with `pad_id` to the smallest bucket that holds them, replays that bucket's
+    graph, and returns a copy of the first L rows (the graph's output buffer is reused by the next
+    replay). Before `capture()`, and on other devices than CUDA, it runs `fn` eagerly."""
+
+    def __init__(
+        self,
+        fn: Callable[[torch.Tensor], torch.Tensor],
+        pad_id: int,
+        device: torch.device | str,
+        bucket_lengths: tuple[int, ...] = DEFAULT_BUCKET_LENGTHS,
+    ):
+        self.fn = fn
+        self.pad_id = pad_id
+        self.device = torch.device(device)
+        self.bucket_lengths = tuple(sorted(bucket_lengths))
+        # bucket length -> (graph, its input buffer [1, L], its output buffer [1, L, ...])
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def captured(self) -> bool:
+        return bool(self._graphs)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """One graph per bucket, sharing one memory pool (the largest first, so it sizes the pool;
+        the graphs replay one at a time). No-op off CUDA."""
+        if self.device.type != "cuda" or self._graphs:
+            return
+        pool = torch.cuda.graph_pool_handle()
+        for length in sorted(self.bucket_lengths, reverse=True):
+            ids = torch.full((1, length), self.pad_id, dtype=torch.long, device=self.device)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(NUM_WARMUP_RUNS):
+                    self.fn(ids)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                output = self.fn(ids)
+            self._graphs[length] = (graph, ids, output)
+        log.info("captured %d CUDA graphs (lengths %s)", len(self._graphs), list(self.bucket_lengths))
+
+    def bucket_for(self, length: int) -> int | None:
+        return next((bucket for bucket in self.bucket_lengths if bucket >= length), None)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [1, L] on the device -> fn's output [1, L, ...] (a tensor of its own)."""
+        length = ids.shape[1]
+        bucket = self.bucket_for(length)
+        if bucket is None or bucket not in self._graphs:
+            return self.fn(ids)
+        graph, static_ids, static_output = self._graphs[bucket]
+        static_ids[:, :length].copy_(ids)
+        static_ids[:, length:].fill_(self.pad_id)
+        graph.replay()
+        return static_output[:, :length].clone()
