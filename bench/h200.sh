@@ -226,7 +226,7 @@ case "$phase" in
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
     # TORCH_LOGS=recompiles: a recompile in these tests prints the guard that failed
     guarded gpu-tests 90 env TORCH_LOGS=recompiles python3 -m pytest -q -s -m gpu -p no:cacheprovider \
-      -p no:logging tests/runtime/test_step_timer.py \
+      -p no:logging tests/runtime/test_step_timer.py tests/models/zimage/test_text_graphs.py \
       tests/models/zimage/test_gpu_vae.py tests/models/wan22/test_dit_text_kv.py tests/models/test_compile_once_gpu.py
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
@@ -255,7 +255,8 @@ case "$phase" in
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
     guarded determinism 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/serving/test_determinism.py
     guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/zimage/test_gpu_vae.py \
-      tests/models/wan22/test_dit_text_kv.py tests/models/test_compile_once_gpu.py ;;
+      tests/models/zimage/test_text_graphs.py tests/models/wan22/test_dit_text_kv.py \
+      tests/models/test_compile_once_gpu.py ;;
   baseline)  # carry .whl_ref .whl_srv .whl_otel; WHEEL_DIRS=".whl_ref .whl_srv .whl_otel"; CALL_BUDGET_S=560
     require diffusers
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
