@@ -45,12 +45,21 @@ class GraphedByLength:
     def captured(self) -> bool:
         return bool(self._graphs)
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        """One graph per bucket, sharing one memory pool (the largest first, so it sizes the pool;
-        the graphs replay one at a time). No-op off CUDA."""
+        """One graph per bucket. No-op off CUDA. A capture that fails (a function that reads the
+        device back, say) leaves no graph: calls run eagerly, and a warning says why."""
         if self.device.type != "cuda" or self._graphs:
             return
+        try:
+            self._capture_all()
+        except Exception as exc:
+            self._graphs.clear()
+            log.warning("CUDA graph capture failed, running eagerly: %s: %s", type(exc).__name__, exc)
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        """Largest bucket first, all in one memory pool: the first sizes it, and the graphs replay
+        one at a time."""
         pool = torch.cuda.graph_pool_handle()
         for length in sorted(self.bucket_lengths, reverse=True):
             ids = torch.full((1, length), self.pad_id, dtype=torch.long, device=self.device)

@@ -48,6 +48,18 @@ def test_off_cuda_the_graphs_are_not_used_and_buckets_round_up():
     assert graphed(torch.tensor([[5, 6]])).shape == (1, 2, 1)
 
 
+def test_a_failed_capture_leaves_the_eager_path_and_says_why(caplog):
+    graphed = GraphedByLength(
+        lambda ids: ids[..., None].float(), pad_id=0, device="cuda", bucket_lengths=(16,)
+    )
+    if torch.cuda.is_available():  # make the capture fail: reading the device back is not allowed
+        graphed.fn = lambda ids: ids[..., None].float() * float(ids.sum())
+    with caplog.at_level("WARNING", logger="mstar.engine.cuda_graphs"):
+        graphed.capture()
+    assert not graphed.captured
+    assert "CUDA graph capture failed, running eagerly" in caplog.text
+
+
 @pytest.mark.gpu
 def test_cuda_graph_replays_match_the_eager_layers():
     if not torch.cuda.is_available():
