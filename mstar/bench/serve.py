@@ -54,6 +54,9 @@ class ServeOptions:
     video_form: bool = False  # send POST /v1/videos as multipart form fields instead of JSON
     sizes: tuple[str, ...] = ()  # mixed sizes: request i asks for sizes[i % len]; empty: `size`
     keep_media: bool = False  # keep each output's bytes on its record (parity checks)
+    # Requests past index 0 get "(<tag> <index>)" after their prompt, so a run's prompts are new to
+    # a server that caches prompt embeddings (the serving suite tags each phase); None: as listed.
+    prompt_tag: str | None = None
 
 
 @dataclass
@@ -85,11 +88,11 @@ def request_size(options: ServeOptions, index: int) -> str | None:
 
 
 def request_body(options: ServeOptions, index: int) -> dict[str, Any]:
-    """The fixed workload: prompt and seed depend only on the request index."""
-    body: dict[str, Any] = {
-        "prompt": options.prompts[index % len(options.prompts)],
-        "seed": options.seed + index,
-    }
+    """The fixed workload: prompt and seed depend only on the request index (and the tag)."""
+    prompt = options.prompts[index % len(options.prompts)]
+    if options.prompt_tag is not None and index > 0:
+        prompt = f"{prompt} ({options.prompt_tag} {index})"
+    body: dict[str, Any] = {"prompt": prompt, "seed": options.seed + index}
     optional = {
         "model": options.model,
         "size": request_size(options, index),

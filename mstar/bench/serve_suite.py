@@ -7,7 +7,9 @@
 5. parity: request 0 again, sent together with `company_sizes` requests in flight; its output
    against request 0 run alone (steady). PNG images: PSNR of pixels. MP4 videos are lossy: equal
    bytes prove equal frames, otherwise the PSNR of the decoded frames is only indicative.
-Recompiles are scraped from /metrics (`mstar:recompiles_total`) after every phase; peak GPU memory
+Request 0 of every phase repeats the cold request (prompt and seed: the parity checks compare
+them); the other requests' prompts carry their phase's tag, so they are new to the server's prompt
+cache, as a user's prompts would be. Recompiles are scraped from /metrics (`mstar:recompiles_total`) after every phase; peak GPU memory
 is polled over the whole session. A time guard skips (or shortens) phases that would not fit in
 `max_duration_s`, and `on_update` receives the result after every phase, so a killed run keeps
 what it measured.
@@ -208,7 +210,7 @@ class _Session:
 
 async def _company_run(session: _Session, options: ServeOptions) -> tuple[RequestRecord, list[RequestRecord]]:
     """Request 0 (the steady size) while requests of `company_sizes` are in flight."""
-    company = replace(options, sizes=tuple(session.options.company_sizes))
+    company = replace(options, sizes=tuple(session.options.company_sizes), prompt_tag="company")
     sends = [run_one(session.client, company, COMPANY_FIRST_INDEX + i) for i in range(len(company.sizes))]
     target, *others = await asyncio.gather(run_one(session.client, options, 0), *sends)
     return target, others
@@ -250,15 +252,16 @@ async def _phases(session: _Session) -> None:
     session.per_request_s = cold.latency_s
     alone = None
     if num := session.fitting("steady_c1", suite.num_steady, 1, 1):
-        records = await session.closed("steady_c1", replace(steady, num_requests=num), 1)
+        records = await session.closed("steady_c1", replace(steady, num_requests=num, prompt_tag="c1"), 1)
         alone = records[0] if records[0].ok else None
         session.per_request_s = result["phases"]["steady_c1"]["latency_p50_s"] or session.per_request_s
     high = suite.high_concurrency
     if num := session.fitting(f"c{high}", suite.num_high, high, high):
-        await session.closed(f"c{high}", replace(steady, num_requests=num), high)
+        await session.closed(f"c{high}", replace(steady, num_requests=num, prompt_tag=f"c{high}"), high)
     if num := session.fitting("mixed", suite.num_mixed, high, min(high, suite.num_mixed)):
         sizes = tuple(suite.serve.sizes or [suite.serve.size])
-        records = await session.closed("mixed", replace(steady, sizes=sizes, num_requests=num), high)
+        mixed = replace(steady, sizes=sizes, num_requests=num, prompt_tag="mixed")
+        records = await session.closed("mixed", mixed, high)
         session.mixed_zero = records[0] if records[0].ok and len(records) > 1 else None
     if alone is not None and cold.ok:
         await _parity(session, steady, cold, alone)

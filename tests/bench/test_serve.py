@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from mstar.bench.serve import RequestRecord, ServeOptions, poisson_arrivals_s, run_serve_benchmark, summarize
+from mstar.bench.serve import (
+    RequestRecord,
+    ServeOptions,
+    poisson_arrivals_s,
+    request_body,
+    run_serve_benchmark,
+    summarize,
+)
 from mstar.bench.stats import percentile
 from tests.bench.fake_server import FakeBehaviour, FakeServer, free_port
 
@@ -46,6 +53,18 @@ def test_the_same_prompts_and_seeds_every_run():
     warmup_seed, *measured = server.counters.seeds
     assert warmup_seed >= 100 + 4  # warmup never reuses a measured seed
     assert sorted(measured) == sorted([100, 101, 102, 103] * 2)
+
+
+def test_a_prompt_tag_makes_every_prompt_but_request_zeros_new():
+    plain = ServeOptions(base_url="http://unused", prompts=("a fox", "a koi pond"))
+    tagged = ServeOptions(base_url="http://unused", prompts=("a fox", "a koi pond"), prompt_tag="c4")
+    assert [request_body(plain, i)["prompt"] for i in range(3)] == ["a fox", "a koi pond", "a fox"]
+    assert [request_body(tagged, i)["prompt"] for i in range(3)] == [
+        "a fox",
+        "a koi pond (c4 1)",
+        "a fox (c4 2)",
+    ]
+    assert [request_body(tagged, i)["seed"] for i in range(3)] == [0, 1, 2]
 
 
 def test_videos_poll_progress_and_count_failed_jobs():
