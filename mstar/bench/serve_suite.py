@@ -9,10 +9,10 @@
    bytes prove equal frames, otherwise the PSNR of the decoded frames is only indicative.
 Request 0 of every phase repeats the cold request (prompt and seed: the parity checks compare
 them); the other requests' prompts carry their phase's tag, so they are new to the server's prompt
-cache, as a user's prompts would be. Recompiles are scraped from /metrics (`mstar:recompiles_total`) after every phase; peak GPU memory
-is polled over the whole session. A time guard skips (or shortens) phases that would not fit in
-`max_duration_s`, and `on_update` receives the result after every phase, so a killed run keeps
-what it measured.
+cache, as a user's prompts would be. Recompiles are scraped from /metrics
+(`mstar:recompiles_total`) after every phase; peak GPU memory is polled over the whole session. A
+time guard skips (or shortens) phases that would not fit in `max_duration_s`, and `on_update`
+receives the result after every phase, so a killed run keeps what it measured.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ class PromptEmbedsCache:
 
     The encoder is launch-bound (Qwen3-4B: 32 ms per prompt on an H200 host, 52 ms after an idle
     gap, where reading its 8 GB of weights takes under 2 ms), and the same texts come back: Wan's
-    negative prompt on every guided request, a prompt tried with several seeds. A prompt is encoded alone, so a cached
-    embedding is the one a fresh forward gives. Consumers only read them (they are shared)."""
+    negative prompt on every guided request, a prompt tried with several seeds. A prompt is encoded
+    alone, so a cached embedding is the one a fresh forward gives. Consumers only read them (they
+    are shared)."""
 
     def __init__(self, max_bytes: int = DEFAULT_PROMPT_CACHE_BYTES):
         self.max_bytes = max_bytes
@@ -45,14 +46,13 @@ class PromptEmbedsCache:
     def put(self, prompt: str, embeds: Any) -> None:
         if self.max_bytes <= 0 or prompt in self._entries:
             return
-        num_bytes = embeds.numel() * embeds.element_size()
-        if num_bytes > self.max_bytes:
+        if embeds.nbytes > self.max_bytes:
             return
-        while self._entries and self.num_bytes + num_bytes > self.max_bytes:
+        while self._entries and self.num_bytes + embeds.nbytes > self.max_bytes:
             _, dropped = self._entries.popitem(last=False)
-            self.num_bytes -= dropped.numel() * dropped.element_size()
+            self.num_bytes -= dropped.nbytes
         self._entries[prompt] = embeds
-        self.num_bytes += num_bytes
+        self.num_bytes += embeds.nbytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -79,6 +79,11 @@ class PromptEmbedsNode(Node):
 
     def uses_guidance(self, params: dict[str, Any]) -> bool:
         raise NotImplementedError
+
+    def warmup(self) -> None:
+        """The encoder's own warmup, where it has one (Z-Image's captures its CUDA graphs)."""
+        if hasattr(self.encoder, "warmup"):
+            self.encoder.warmup()
 
     def forward(self, batch: list[RequestState]) -> None:
         targets: list[tuple[RequestState, str, str]] = []  # (request, tensor key, prompt text)

@@ -42,3 +42,20 @@ def test_negative_prompts_follow_the_models_guidance_rule(node_class, guided_at)
     assert guided.tensors == {PROMPT_EMBEDS: "embeds(p2)", NEGATIVE_PROMPT_EMBEDS: "embeds(blurry)"}
     assert guided_default.tensors[NEGATIVE_PROMPT_EMBEDS] == "embeds()"
     assert (node.name, node.max_batch_size) == ("text_encoder", 4)
+
+
+class WarmingEncoder(EchoEncoder):
+    def __init__(self):
+        super().__init__()
+        self.num_warmups = 0
+
+    def warmup(self) -> None:
+        self.num_warmups += 1
+
+
+@pytest.mark.parametrize("node_class", [WanTextEncoderNode, TextEncoderNode])
+def test_the_node_warms_up_an_encoder_that_has_a_warmup(node_class):
+    encoder = WarmingEncoder()
+    node_class(encoder).warmup()
+    node_class(EchoEncoder()).warmup()  # one without a warmup is fine
+    assert encoder.num_warmups == 1

@@ -110,10 +110,6 @@ class TextEncoderNode(PromptEmbedsNode):
     def uses_guidance(self, params: dict[str, Any]) -> bool:
         return uses_guidance(params)
 
-    def warmup(self) -> None:
-        if hasattr(self.encoder, "warmup"):
-            self.encoder.warmup()
-
 
 def build_qwen3(
     config: dict[str, Any], device: str, dtype: torch.dtype, path: str | None = None, seed: int = 0
