@@ -104,6 +104,11 @@ class Node:
         """Compiles that happened after warmup (the worker reports increases to /metrics)."""
         return 0
 
+    def event_counts(self) -> dict[str, int]:
+        """Running totals of this node's events by name (e.g. prompt cache hits); the worker
+        reports their increases to /metrics (`mstar:node_events_total`)."""
+        return {}
+
 
 @dataclass
 class BuildContext:

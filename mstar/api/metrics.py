@@ -114,6 +114,12 @@ class PrometheusMetrics:
             [*labels, "node"],
             registry=self.registry,
         )
+        self.node_events = Counter(
+            "mstar:node_events",
+            "Events a node counts, by name (text_encoder: prompt_cache_hits, prompt_cache_misses)",
+            [*labels, "node", "event"],
+            registry=self.registry,
+        )
 
     def bind_runtime(self, read_stats: Callable[[], Any]) -> None:
         """Read running/waiting from `read_stats()` (Runtime.stats) at every scrape."""
@@ -141,6 +147,11 @@ class PrometheusMetrics:
     def count_recompile(self, node: str, count: int) -> None:
         if count > 0:
             self.recompiles.labels(self.model_name, node).inc(count)
+
+    def count_node_events(self, node: str, increments: dict[str, int]) -> None:
+        for event, count in increments.items():
+            if count > 0:
+                self.node_events.labels(self.model_name, node, event).inc(count)
 
     # API-side events
     def count_rejected(self) -> None:

@@ -80,6 +80,9 @@ class PromptEmbedsNode(Node):
     def uses_guidance(self, params: dict[str, Any]) -> bool:
         raise NotImplementedError
 
+    def event_counts(self) -> dict[str, int]:
+        return {"prompt_cache_hits": self.cache.num_hits, "prompt_cache_misses": self.cache.num_misses}
+
     def warmup(self) -> None:
         """The encoder's own warmup, where it has one (Z-Image's captures its CUDA graphs)."""
         if hasattr(self.encoder, "warmup"):

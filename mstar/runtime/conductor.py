@@ -191,6 +191,8 @@ class Conductor:
         elif isinstance(message, m.Recompiles):
             log.warning("node %s recompiled %d time(s) while serving", message.node, message.count)
             self.metrics.count_recompile(message.node, message.count)
+        elif isinstance(message, m.NodeEvents):
+            self.metrics.count_node_events(message.node, message.increments)
 
     def _on_progress(self, message: m.StepProgress) -> None:
         job = self.jobs.get(message.rid)

@@ -101,6 +101,13 @@ class Recompiles(msgspec.Struct, tag=True, frozen=True):
     count: int
 
 
+class NodeEvents(msgspec.Struct, tag=True, frozen=True):
+    """Increases of a node's event counts (Node.event_counts) since the last report."""
+
+    node: str
+    increments: dict[str, int]
+
+
 # ---- conductor -> worker -------------------------------------------------------------------
 
 
@@ -171,6 +178,7 @@ Message = (
     | RequestError
     | StepStats
     | Recompiles
+    | NodeEvents
     | RunWalk
     | Release
     | Peers

@@ -17,6 +17,8 @@ class MetricsSink(Protocol):
 
     def count_recompile(self, node: str, count: int) -> None: ...
 
+    def count_node_events(self, node: str, increments: dict[str, int]) -> None: ...
+
     def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None:
         """The worker's peak allocated GPU bytes over its last heartbeat interval."""
 
@@ -36,6 +38,9 @@ class NullMetrics:
         pass
 
     def count_recompile(self, node: str, count: int) -> None:
+        pass
+
+    def count_node_events(self, node: str, increments: dict[str, int]) -> None:
         pass
 
     def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None:

@@ -35,6 +35,7 @@ class NodeQueue:
     node: Node
     waiting: dict[str, None] = field(default_factory=dict)  # rids in arrival (round-robin) order
     num_recompiles: int = 0
+    event_counts: dict[str, int] = field(default_factory=dict)  # as last reported
 
 
 class StepLoop:
@@ -287,6 +288,7 @@ class StepLoop:
         self.step_timer.bound_in_flight(MAX_STEPS_IN_FLIGHT)
         self.report_step_times()
         self._report_recompiles(queue)
+        self._report_events(queue)
         for request in batch:
             if isinstance(self._stage(request), Loop):
                 self._after_loop_step(queue, request)
@@ -323,6 +325,14 @@ class StepLoop:
             )
             self.to_conductor(m.Recompiles(queue.node.name, count - queue.num_recompiles))
             queue.num_recompiles = count
+
+    def _report_events(self, queue: NodeQueue) -> None:
+        counts = _event_counts(queue.node)
+        increments = {name: n - queue.event_counts.get(name, 0) for name, n in counts.items()}
+        increments = {name: n for name, n in increments.items() if n > 0}
+        if increments:
+            self.to_conductor(m.NodeEvents(queue.node.name, increments))
+            queue.event_counts = counts
 
     # ---- endings -------------------------------------------------------------------------
 
@@ -362,6 +372,13 @@ def _recompiles(node: Node) -> int:
         return int(node.num_recompiles())
     except Exception:
         return 0
+
+
+def _event_counts(node: Node) -> dict[str, int]:
+    try:
+        return {str(name): int(count) for name, count in node.event_counts().items()}
+    except Exception:
+        return {}
 
 
 def _safe_cost(node: Node, state: RequestState) -> int:

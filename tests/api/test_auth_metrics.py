@@ -74,6 +74,8 @@ def test_metrics_present_and_moving(image_client):
         assert (name, (model,)) in before
     assert client.post("/v1/images/generations", json={**IMAGE, "n": 2}).status_code == 200
     runtime.metrics.count_recompile("dit", 2)
+    runtime.metrics.count_node_events("text_encoder", {"prompt_cache_hits": 3, "prompt_cache_misses": 0})
+    runtime.metrics.count_node_events("text_encoder", {"prompt_cache_hits": 1})
     after = scrape(client)
     completed = ("mstar:requests_total", (model, ("outcome", "completed")))
     assert after[completed] - before.get(completed, 0) == 2
@@ -84,6 +86,12 @@ def test_metrics_present_and_moving(image_client):
     assert after[("mstar:e2e_request_latency_seconds_count", (model,))] >= 2
     assert after[("mstar:request_queue_time_seconds_count", (model,))] >= 2
     assert after[("mstar:recompiles_total", (model, ("node", "dit")))] == 2
+    hits = ("mstar:node_events_total", (("event", "prompt_cache_hits"), model, ("node", "text_encoder")))
+    assert after[hits] == 4
+    assert (
+        "mstar:node_events_total",
+        (("event", "prompt_cache_misses"), model, ("node", "text_encoder")),
+    ) not in after
 
 
 def test_running_gauge_reads_runtime_stats(video_client):

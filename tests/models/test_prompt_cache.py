@@ -42,7 +42,7 @@ def test_each_new_text_is_encoded_once_and_repeats_come_from_the_cache():
     node.forward(later)
     assert encoder.calls[1] == ["a koi pond"]  # "a fox" and "" were cached
     assert later[0].tensors[PROMPT_EMBEDS] is first[0].tensors[PROMPT_EMBEDS]
-    assert (node.cache.num_hits, node.cache.num_misses) == (2, 5)
+    assert node.event_counts() == {"prompt_cache_hits": 2, "prompt_cache_misses": 5}
 
 
 def test_unguided_requests_encode_no_negative_prompt():

@@ -22,6 +22,7 @@ SAMPLES = [
     m.RequestError("a", "boom", "worker_died"),
     m.StepStats("dit", 2, 9, 0.5),
     m.Recompiles("dit", 1),
+    m.NodeEvents("text_encoder", {"prompt_cache_hits": 2}),
     m.RunWalk("a", "req", {"prompt": "x", "steps": 3, "size": [2, 3]}, "encode", m.CONDUCTOR, [], True),
     m.Release("a"),
     m.Peers(["ipc:///a", ""]),

@@ -31,6 +31,9 @@ class RecordingMetrics:
     def count_recompile(self, node, count):
         self.recompiles.append((node, count))
 
+    def count_node_events(self, node, increments):
+        pass
+
 
 @pytest.fixture(scope="module")
 def runtime(loop):

@@ -131,3 +131,26 @@ def test_release_mid_loop_drops_state_and_late_messages(loop, store, sent):
     assert request.state.state == {} and request.state.tensors == {}
     start_generate(loop, store, "a", steps=1)  # a straggler for an ended request is dropped
     assert len(loop.table) == 0 and store.list_segments() == []
+
+
+def test_node_event_counts_are_reported_as_increases(loop, sent):
+    encoder = loop.queues["encoder"].node
+    totals = {"cache_hits": 0, "cache_misses": 0}
+    encoder.event_counts = lambda: dict(totals)
+    for rid, (hits, misses) in zip("abc", [(0, 2), (0, 2), (3, 2)], strict=True):
+        totals.update(cache_hits=hits, cache_misses=misses)
+        loop.handle(m.RunWalk(rid, f"req-{rid}", {"seed": 1, "steps": 1}, "encode", next_worker=0))
+        run_until_idle(loop)
+    events = [(msg.node, msg.increments) for msg in sent if isinstance(msg, m.NodeEvents)]
+    assert events == [("encoder", {"cache_misses": 2}), ("encoder", {"cache_hits": 3})]
+
+
+def test_a_failing_event_count_reports_nothing(loop, sent):
+    def broken():
+        raise RuntimeError("counter unavailable")
+
+    loop.queues["encoder"].node.event_counts = broken
+    loop.handle(m.RunWalk("a", "req-a", {"seed": 1, "steps": 1}, "encode", next_worker=0))
+    run_until_idle(loop)
+    assert not [msg for msg in sent if isinstance(msg, m.NodeEvents)]
+    assert not errors(sent)
