@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from mstar.api import routes_images, routes_native, routes_ops, routes_videos
 from mstar.api.errors import install_error_handlers
+from mstar.api.media import warm_up_encoders
 from mstar.api.metrics import PrometheusMetrics
 from mstar.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from mstar.api.service import Generator
@@ -70,6 +71,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if state.owns_runtime:
             await runtime.start()
+        await asyncio.to_thread(warm_up_encoders, spec.output_kind)
         try:
             yield
         finally:

@@ -97,3 +97,28 @@ def test_decode_rejects_huge_images():
 def test_data_url_rejections(url):
     with pytest.raises(InvalidParam):
         decode_data_url(url)
+
+
+@pytest.mark.parametrize(("spec_class", "kind"), [("FakeImageSpec", "image"), ("FakeVideoSpec", "video")])
+def test_the_app_warms_up_the_encoders_its_outputs_need_before_serving(monkeypatch, spec_class, kind):
+    from mstar.api import app as app_module
+    from tests.api import fakes
+    from tests.api.conftest import build_client
+
+    kinds = []
+    monkeypatch.setattr(app_module, "warm_up_encoders", kinds.append)
+    client, _ = build_client(getattr(fakes, spec_class)())
+    assert kinds == []
+    with client:
+        assert kinds == [kind]
+
+
+def test_warming_up_runs_each_encoder_once_for_real():
+    from mstar.api.media import warm_up_encoders
+
+    import sys
+
+    warm_up_encoders("image")
+    assert "PIL.PngImagePlugin" in sys.modules
+    warm_up_encoders("video")  # PNG and a two-frame MP4
+    assert "av" in sys.modules
