@@ -60,6 +60,11 @@ class GraphedByLength:
     def _capture_all(self) -> None:
         """Largest bucket first, all in one memory pool: the first sizes it, and the graphs replay
         one at a time."""
+        with torch.cuda.device(self.device):  # the encoder's GPU, not the process's current one
+            self._capture_each_bucket()
+        log.info("captured %d CUDA graphs (lengths %s)", len(self._graphs), list(self.bucket_lengths))
+
+    def _capture_each_bucket(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         for length in sorted(self.bucket_lengths, reverse=True):
             ids = torch.full((1, length), self.pad_id, dtype=torch.long, device=self.device)
@@ -73,7 +78,6 @@ class GraphedByLength:
             with torch.cuda.graph(graph, pool=pool):
                 output = self.fn(ids)
             self._graphs[length] = (graph, ids, output)
-        log.info("captured %d CUDA graphs (lengths %s)", len(self._graphs), list(self.bucket_lengths))
 
     def bucket_for(self, length: int) -> int | None:
         return next((bucket for bucket in self.bucket_lengths if bucket >= length), None)
@@ -87,5 +91,6 @@ class GraphedByLength:
         graph, static_ids, static_output = self._graphs[bucket]
         static_ids[:, :length].copy_(ids)
         static_ids[:, length:].fill_(self.pad_id)
-        graph.replay()
+        with torch.cuda.device(self.device):
+            graph.replay()
         return static_output[:, :length].clone()
