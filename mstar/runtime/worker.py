@@ -42,6 +42,7 @@ def build_group(
     groups = config.placement(spec.node_names)
     owner = {name: index for index, group in enumerate(groups) for name in group.nodes}
     group = groups[boot.worker]
+    use_device(group.device)
     context = BuildContext(
         config=config,
         device=group.device,
@@ -59,6 +60,16 @@ def build_group(
         node.name = node.name or name
         _timed_warmup(node)
     return config, spec, nodes, owner
+
+
+def use_device(device: str) -> None:
+    """Make a group's GPU this process's current one ("cuda:1" -> 1): streams, events and graphs
+    taken without a device (the step timer's, say) then belong to it, and no CUDA context is
+    opened on GPU 0 as well. Plain "cuda" and the CPU keep the default."""
+    if device.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))
 
 
 def _timed_build_nodes(spec: ModelSpec, context: BuildContext) -> dict[str, Node]:

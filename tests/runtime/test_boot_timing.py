@@ -54,3 +54,15 @@ def test_heartbeat_memory_read_waits_for_the_nodes_and_never_raises(monkeypatch)
 
     monkeypatch.setattr(worker_module, "take_peak_allocated_bytes", half_imported_torch)
     assert worker._peak_allocated_bytes() == 0
+
+
+def test_a_worker_on_a_numbered_gpu_makes_it_the_current_device(monkeypatch):
+    import torch
+
+    from mstar.runtime.worker import use_device
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    for device in ("cpu", "cuda", "cuda:1"):
+        use_device(device)
+    assert chosen == [torch.device("cuda:1")]
