@@ -114,9 +114,9 @@ def test_the_app_warms_up_the_encoders_its_outputs_need_before_serving(monkeypat
 
 
 def test_warming_up_runs_each_encoder_once_for_real():
-    from mstar.api.media import warm_up_encoders
-
     import sys
+
+    from mstar.api.media import warm_up_encoders
 
     warm_up_encoders("image")
     assert "PIL.PngImagePlugin" in sys.modules
