@@ -222,7 +222,8 @@ gpu_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKE
 case "$phase" in
   call1)
     missing "${SERVER_MODULES[@]}"  # said first: the serve phase at the end needs them
-    guarded profile 230 python3 -m mstar.bench.profile --workloads wan-480p-cfg,wan-720p-b1,zimage-1024-b1 \
+    # Z-Image first: on 2026-11-29 the time guard cut the profile after Wan's two workloads
+    guarded profile 270 python3 -m mstar.bench.profile --workloads zimage-1024-b1,wan-480p-cfg,wan-720p-b1 \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
     # TORCH_LOGS=recompiles: a recompile in these tests prints the guard that failed
     guarded gpu-tests 90 env TORCH_LOGS=recompiles python3 -m pytest -q -s -m gpu -p no:cacheprovider \
