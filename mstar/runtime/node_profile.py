@@ -15,7 +15,6 @@ import cProfile
 import io
 import os
 import pstats
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +29,6 @@ class NodeProfiler:
         self.out_dir = out_dir
         self._profiles = {name: cProfile.Profile() for name in node_names} if out_dir else {}
         self._num_forwards: dict[str, int] = {}
-        self._host_s: dict[str, float] = {}
 
     @classmethod
     def from_env(cls, worker: int) -> NodeProfiler:
@@ -44,24 +42,22 @@ class NodeProfiler:
         if profile is None:
             yield
             return
-        started = time.perf_counter()
         profile.enable()
         try:
             yield
         finally:
             profile.disable()
-            self._host_s[node_name] = self._host_s.get(node_name, 0.0) + time.perf_counter() - started
             self._num_forwards[node_name] = self._num_forwards.get(node_name, 0) + 1
             self._write(node_name, profile)
 
     def _write(self, node_name: str, profile: cProfile.Profile) -> None:
         num_forwards = self._num_forwards[node_name]
         text = io.StringIO()
+        stats = pstats.Stats(profile, stream=text)
         text.write(
             f"{node_name} on worker {self.worker}: {num_forwards} forward(s), "
-            f"{1000 * self._host_s[node_name] / num_forwards:.1f} ms host time each (profiled)\n"
+            f"{1000 * stats.total_tt / num_forwards:.1f} ms host time each (profiled)\n"
         )
-        stats = pstats.Stats(profile, stream=text)
         stats.sort_stats("cumulative").print_stats(NUM_FUNCTIONS_LISTED)
         stats.sort_stats("tottime").print_stats(NUM_FUNCTIONS_LISTED)
         self.out_dir.mkdir(parents=True, exist_ok=True)
