@@ -25,7 +25,8 @@ class GraphedByLength:
 
     A call pads `ids` with `pad_id` to the smallest bucket that holds them, replays that bucket's
     graph, and returns a copy of the first L rows (the graph's output buffer is reused by the next
-    replay). Before `capture()`, and on other devices than CUDA, it runs `fn` eagerly."""
+    replay). Before `capture()`, and on other devices than CUDA, it runs `fn` eagerly. `device`
+    must be the process's current GPU (workers make their group's GPU current: worker.use_device)."""
 
     def __init__(
         self,
@@ -60,11 +61,6 @@ class GraphedByLength:
     def _capture_all(self) -> None:
         """Largest bucket first, all in one memory pool: the first sizes it, and the graphs replay
         one at a time."""
-        with torch.cuda.device(self.device):  # the encoder's GPU, not the process's current one
-            self._capture_each_bucket()
-        log.info("captured %d CUDA graphs (lengths %s)", len(self._graphs), list(self.bucket_lengths))
-
-    def _capture_each_bucket(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         for length in sorted(self.bucket_lengths, reverse=True):
             ids = torch.full((1, length), self.pad_id, dtype=torch.long, device=self.device)
@@ -78,6 +74,7 @@ class GraphedByLength:
             with torch.cuda.graph(graph, pool=pool):
                 output = self.fn(ids)
             self._graphs[length] = (graph, ids, output)
+        log.info("captured %d CUDA graphs (lengths %s)", len(self._graphs), list(self.bucket_lengths))
 
     def bucket_for(self, length: int) -> int | None:
         return next((bucket for bucket in self.bucket_lengths if bucket >= length), None)
@@ -91,6 +88,5 @@ class GraphedByLength:
         graph, static_ids, static_output = self._graphs[bucket]
         static_ids[:, :length].copy_(ids)
         static_ids[:, length:].fill_(self.pad_id)
-        with torch.cuda.device(self.device):
-            graph.replay()
+        graph.replay()
         return static_output[:, :length].clone()
