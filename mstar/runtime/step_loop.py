@@ -21,6 +21,7 @@ from mstar.runtime.node_profile import NodeProfiler
 from mstar.runtime.requests import RequestTable, WorkerRequest
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_timer import StepTimer
+from mstar.runtime.tensor_trace import TensorTracer
 from mstar.runtime.tensors import export_tensors, import_tensors
 from mstar.runtime.transport import Outboxes
 
@@ -62,6 +63,7 @@ class StepLoop:
         self.table = RequestTable(on_release=self._release_nodes, released=released)
         self.step_timer = StepTimer()
         self.profiler = NodeProfiler.from_env(worker)  # MSTAR_PROFILE_NODES: a diagnostic
+        self.tracer = TensorTracer.from_env(worker)  # MSTAR_TRACE_TENSORS: a diagnostic
 
     # ---- messages ------------------------------------------------------------------------
 
@@ -285,6 +287,7 @@ class StepLoop:
                 release_cached_memory()  # the batch's tensors and the error's frames are gone now
             return
         self.step_timer.stop(timing, (node.name, len(batch), cost, host_s))
+        self.tracer.after_forward(node.name, [r.state for r in batch])
         self.step_timer.bound_in_flight(MAX_STEPS_IN_FLIGHT)
         self.report_step_times()
         self._report_recompiles(queue)
@@ -343,6 +346,7 @@ class StepLoop:
         self.table.release(request.rid)
 
     def _release_nodes(self, request: WorkerRequest) -> None:
+        self.tracer.forget(request.state.request_id)
         for queue in self.queues.values():
             queue.waiting.pop(request.rid, None)
         for name in request.prepared:
