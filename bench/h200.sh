@@ -48,7 +48,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -70,7 +70,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -143,7 +143,7 @@ server_pid=""
 start_server() {  # start_server MODEL LOG COMPILE_SIZES_JSON [SERVER FLAG...]; sets server_pid
   local model=$1 log=$2 sizes=$3
   shift 3
-  printf 'compile_sizes: %s\nmax_concurrent_requests: 16\n' "$sizes" > /tmp/mstar-bench.yaml
+  printf 'compile_sizes: %s\nmax_concurrent_requests: 16\n%s\n' "$sizes" "${EXTRA_CONFIG:-}" > /tmp/mstar-bench.yaml
   # its own process group (setsid), so that stopping it stops its workers too
   setsid python3 -m mstar.cli serve "$model" --config /tmp/mstar-bench.yaml --port 8765 "$@" > "$log" 2>&1 &
   server_pid=$!
@@ -245,19 +245,37 @@ case "$phase" in
     suite_phase z-image-turbo zimage-1024 '["1024x1024"]' 20 \
       --num-steady 4 --high-concurrency 4 --num-high 4 --num-mixed 0 --company-sizes 768x1024 \
       -- --random-weights --device cuda --attention-backend fa3 --compile-mode off ;;
+  probe-repeat)  # carry .whl_pack: Wan's cold request vs its repeat, hashed at every node and step
+    # (MSTAR_TRACE_TENSORS), eager first (a fast boot), then compiled as served
+    for mode in off deterministic; do
+      export MSTAR_TRACE_TENSORS="$out/trace-$mode"
+      suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 30 --sizes 832x480 \
+        --num-steady 2 --num-high 0 --num-mixed 0 --poll-interval 0.05 \
+        -- --random-weights --device cuda --attention-backend fa3 --compile-mode "$mode"
+      mv "$out/suite-wan-480p-t2v.json" "$out/probe-$mode.json"
+      mv "$out/server-wan-480p-t2v.log" "$out/probe-$mode-server.log"
+      python3 -m mstar.runtime.tensor_trace "$out/trace-$mode" | tee "$out/probe-$mode.txt"
+    done
+    unset MSTAR_TRACE_TENSORS ;;
   serve-zimage-suite)  # the serving part of call1 alone
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
   call2)
+    guarded mp4-determinism 60 python3 bench/mp4_determinism.py 3
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 60 \
       --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
       --poll-interval 0.05 -- "${gpu_flags[@]}"
+    guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_offload.py \
+      tests/models/wan22/test_text_offload.py tests/models/wan22/test_dit_text_kv.py
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
-    guarded determinism 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/serving/test_determinism.py
-    guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/zimage/test_gpu_vae.py \
-      tests/models/zimage/test_text_graphs.py tests/models/wan22/test_dit_text_kv.py \
-      tests/models/test_compile_once_gpu.py ;;
+    guarded determinism 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/serving/test_determinism.py ;;
+  serve-wan-offload)  # carry .whl_pack; right after call2 on the same machine (its compiled kernels
+    # are cached, so the boot is no cold boot): the Wan server with UMT5 streamed from host memory
+    export EXTRA_CONFIG="offload_text_encoder: true"
+    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 30 --sizes 832x480 \
+      --num-steady 4 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}"
+    mv "$out/suite-wan-480p-t2v.json" "$out/suite-wan-480p-t2v-offload.json" ;;
   baseline)  # carry .whl_ref .whl_srv .whl_otel; WHEEL_DIRS=".whl_ref .whl_srv .whl_otel"; CALL_BUDGET_S=560
     require diffusers
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes

@@ -150,6 +150,8 @@ class ModelSpec(ABC):
     node_names: tuple[str, ...]
     # The final walk leaves this tensor: uint8 frames [num_frames, height, width, 3].
     output_tensor: str = "frames"
+    # Whether its text encoder can stream its weights from host memory (config offload_text_encoder)
+    streams_text_encoder: bool = False
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:

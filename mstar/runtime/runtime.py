@@ -57,6 +57,8 @@ class Runtime:
         self.spec = spec
         self.metrics = metrics or NullMetrics()
         self.groups = config.placement(spec.node_names)
+        if config.offload_text_encoder and not spec.streams_text_encoder:
+            raise ValueError(f"offload_text_encoder: {spec.name} cannot stream its text encoder's weights")
         self.owner = {name: index for index, group in enumerate(self.groups) for name in group.nodes}
         _check_walks(spec)
         self._pool: WorkerPool | None = None

@@ -36,6 +36,7 @@ class Wan22Spec(ModelSpec):
     task = "text-to-video"  # and image-to-video with input_reference
     output_kind = "video"
     node_names = ("text_encoder", "vae_encoder", "dit", "vae_decoder")
+    streams_text_encoder = True  # UMT5-XXL's ~10 GiB of weights can stay in host memory
     walks = {
         "encode_text": Walk("encode_text", ("text_encoder",)),
         "t2v": Walk("t2v", (Loop("dit"), "vae_decoder"), outputs=("frames",)),

@@ -140,7 +140,8 @@ def _text_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, d
     model = build_umt5(config.text_encoder, ctx.device, dtype, folder=folder, progress=ctx.progress)
     tokenizer_dir = None if model_path is None else str(Path(model_path) / "tokenizer")
     tokenizer = load_tokenizer(tokenizer_dir, config.text_encoder["vocab_size"])
-    encoder = PromptEncoder(model, tokenizer, ctx.device, config.max_text_tokens)
+    offload = ctx.config.offload_text_encoder
+    encoder = PromptEncoder(model, tokenizer, ctx.device, config.max_text_tokens, offload=offload)
     return WanTextEncoderNode(
         encoder,
         max_batch_size=ctx.config.max_batch_size,

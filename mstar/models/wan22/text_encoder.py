@@ -61,11 +61,36 @@ def load_tokenizer(folder: str | None, vocab_size: int):
 
 
 class PromptEncoder:
-    def __init__(self, model: Any, tokenizer: Any, device: str | torch.device, max_text_tokens: int = 512):
+    """Prompts -> UMT5 embeddings. With `offload`, the blocks' weights live in host memory and stream
+    to the device for each forward (mstar.engine.offload), and the 256k-row token embedding stays
+    on the host: a prompt's rows are gathered there and only they travel."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str | torch.device,
+        max_text_tokens: int = 512,
+        offload: bool = False,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_text_tokens = max_text_tokens
+        self.streamed = None
+        if offload:
+            self._offload()
+
+    def _offload(self) -> None:
+        from mstar.engine.offload import StreamedBlocks
+
+        self.streamed = StreamedBlocks(self.model.encoder.block, self.device)
+        # One host copy of the token embedding: loaded weights may tie it to embed_tokens through
+        # two parameters, so the encoder is pointed at the moved module.
+        self.model.shared.to("cpu")
+        self.model.encoder.embed_tokens = self.model.shared
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the weights' device blocks go back to the driver for the DiT
 
     @torch.inference_mode()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
@@ -85,7 +110,10 @@ class PromptEncoder:
             add_special_tokens=True,
             return_tensors="pt",
         )["input_ids"]  # [1, num_tokens] on the host
-        return self.model(to_device(ids, self.device)).last_hidden_state[0]  # [num_tokens, d_model]
+        if self.streamed is None:
+            return self.model(to_device(ids, self.device)).last_hidden_state[0]  # [num_tokens, d_model]
+        embeds = to_device(self.model.shared(ids), self.device)  # [1, num_tokens, d_model] from the host
+        return self.model(inputs_embeds=embeds).last_hidden_state[0]
 
 
 class WanTextEncoderNode(PromptEmbedsNode):
