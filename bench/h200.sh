@@ -262,7 +262,6 @@ case "$phase" in
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
   call2)
-    guarded mp4-determinism 60 python3 bench/mp4_determinism.py 3
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 60 \
       --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
       --poll-interval 0.05 -- "${gpu_flags[@]}"
