@@ -48,7 +48,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -70,7 +70,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -269,6 +269,11 @@ case "$phase" in
       tests/models/wan22/test_text_offload.py tests/models/wan22/test_dit_text_kv.py
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
     guarded determinism 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/serving/test_determinism.py ;;
+  confirm)  # carry .whl_pack: Z-Image's q/k norm + rotary formulations alone, then Wan's first
+    # video against its repeats after the MP4 fix (one compile size: a shorter boot)
+    guarded qk-rope-probe 90 python3 bench/qk_rope_probe.py
+    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' 30 --sizes 832x480 \
+      --num-steady 3 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
   serve-wan-offload)  # carry .whl_pack; right after call2 on the same machine (its compiled kernels
     # are cached, so the boot is no cold boot): the Wan server with UMT5 streamed from host memory
     export EXTRA_CONFIG="offload_text_encoder: true"
