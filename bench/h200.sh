@@ -269,9 +269,8 @@ case "$phase" in
       tests/models/wan22/test_text_offload.py tests/models/wan22/test_dit_text_kv.py
     # two fresh `mstar serve` processes on CUDA (compiled, deterministic): the same PNG bytes
     guarded determinism 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/serving/test_determinism.py ;;
-  confirm)  # carry .whl_pack: Z-Image's q/k norm + rotary formulations alone, then Wan's first
-    # video against its repeats after the MP4 fix (one compile size: a shorter boot)
-    guarded qk-rope-probe 90 python3 bench/qk_rope_probe.py
+  confirm)  # carry .whl_pack: Wan's first video against its repeats after the MP4 fix (one compile
+    # size: a shorter boot)
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' 30 --sizes 832x480 \
       --num-steady 3 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
   serve-wan-offload)  # carry .whl_pack; right after call2 on the same machine (its compiled kernels
