@@ -35,24 +35,24 @@ def _as_uint8_frames(frames: Any) -> Any:
 
 # zlib's fastest level: the encode is on every image request's latency path (a 1024x1024 PNG took
 # 186 ms at Pillow's default level 6 and 158 ms at 1 on the H200's host for a detailed image; files
-# grow a little for detailed images, more for flat ones).
+# grow a little for detailed images, more for flat ones). PNGs are deflated on every core (png.py).
 PNG_COMPRESS_LEVEL = 1
 
 
 def encode_image(frame: Any, output_format: str = "png", quality: int | None = None) -> bytes:
     """One uint8 image [H, W, 3] (or [1, H, W, 3]) to PNG, JPEG or WEBP bytes."""
-    from PIL import Image
-
     if output_format not in IMAGE_FORMATS:
         raise ValueError(f"output_format must be one of {IMAGE_FORMATS}, got '{output_format}'")
     frames = _as_uint8_frames(frame)
+    if output_format == "png":
+        from mstar.api.png import encode_png
+
+        return encode_png(frames[0], level=PNG_COMPRESS_LEVEL)
+    from PIL import Image
+
     buffer = io.BytesIO()
-    options: dict[str, Any] = {}
-    if output_format in ("jpeg", "webp"):
-        options["quality"] = 95 if quality is None else quality
-    else:
-        options["compress_level"] = PNG_COMPRESS_LEVEL
-    Image.fromarray(frames[0], mode="RGB").save(buffer, format=output_format.upper(), **options)
+    quality = 95 if quality is None else quality
+    Image.fromarray(frames[0], mode="RGB").save(buffer, format=output_format.upper(), quality=quality)
     return buffer.getvalue()
 
 
