@@ -7,22 +7,14 @@ import torch
 from torch import nn
 
 from mstar.engine.offload import StreamedBlocks, _pack
+from mstar.models.wan22.config import tiny_wan22_config
 
 transformers = pytest.importorskip("transformers")
 
 
 def tiny_umt5(**overrides) -> nn.Module:
-    config = dict(
-        vocab_size=64,
-        d_model=16,
-        d_kv=4,
-        d_ff=32,
-        num_layers=3,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=16,
-    )
-    config.update(overrides)
+    """The tiny Wan config's UMT5 with three blocks (streaming needs more blocks than slots)."""
+    config = dict(tiny_wan22_config().text_encoder, vocab_size=64, num_layers=3) | overrides
     torch.manual_seed(0)
     return transformers.UMT5EncoderModel(transformers.UMT5Config(**config)).eval()
 
