@@ -4,10 +4,10 @@ runs of the same request and seed part ways.
     MSTAR_TRACE_TENSORS=/tmp/trace mstar serve ...
 
 After each forward, a worker appends one JSON line per request to `<dir>/worker<k>.jsonl`: the
-node, the request's id, seed and the first 60 characters of its prompt, the forward's number for that request at that node, and the
-sha256 (first 16 hex digits) of every tensor that is new or replaced since the last line: the
-request's named tensors, and the tensors a node keeps in its per-request state (a denoise loop's
-latents, step by step). Two requests with the same prompt and seed can then be compared line by
+node, the request's id, seed and the first 60 characters of its prompt, the forward's number for
+that request at that node, and the sha256 (first 16 hex digits) of every tensor that is new or
+replaced since the last line: the request's named tensors, and the tensors a node keeps in its
+per-request state (a denoise loop's latents, step by step). Two requests with the same prompt and seed can then be compared line by
 line; the first differing hash names the node and step. A diagnostic: hashing copies each tensor
 to the host and waits for the GPU, so tracing slows serving. Unset, it costs one check per forward.
 """
