@@ -76,7 +76,9 @@ def encode_mp4(frames: Any, fps: int) -> bytes:
         stream.pix_fmt = "yuv420p"
         # mbtree off: x264's macroblock-tree rate control read memory left by earlier encodes of
         # other sizes, so the same frames gave other bytes (a server's first video differed from its
-        # repeats: 40.6 dB). Off, the bytes depend on the frames only; files grow a little.
+        # repeats: 40.6 dB). Off, the bytes depend on the frames only; mbtree's usual gain in
+        # compression on natural video is given up (a noise-like random-weight clip came out 4%
+        # smaller and 14% faster to encode on CPU).
         stream.options = {"crf": "18", "preset": "veryfast", "x264-params": "mbtree=0"}
         for index in range(num_frames):
             video_frame = av.VideoFrame.from_ndarray(frames[index], format="rgb24")
