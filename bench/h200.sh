@@ -42,6 +42,10 @@
 #  call2: carry .whl_pack (made here by `bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`:
 #         the wheels unpacked and xz-compressed, 38 MB): the Wan serving profile, the two-fresh-servers
 #         determinism test on CUDA, then the GPU tests. CALL_BUDGET_S=555.
+#  serve-wan-offload: carry .whl_pack, right after call2 on the same machine (a warm compile cache):
+#         Wan at c=1 with offload_text_encoder (peak memory, the prompt's cost).
+#  confirm / probe-repeat: carry .whl_pack; Wan's cold request against its repeats (probe-repeat
+#         with MSTAR_TRACE_TENSORS: where two runs of a prompt and seed part ways, eager and compiled).
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
 # cold request, steady c=1, high c, mixed sizes, recompiles from /metrics, same-seed parity.
