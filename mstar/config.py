@@ -74,7 +74,7 @@ class ServerConfig(BaseModel):
     # the text encoder's weights stay in host memory and stream to the GPU block by block for each
     # prompt: Wan's UMT5-XXL holds ~0.7 GiB on the GPU instead of ~10.6, and a prompt pays the
     # weights' trip over PCIe (H200: 132 ms per prompt against 31 ms resident). Wan2.2 only (other
-    # models refuse it at boot).
+    # models refuse it at boot; a text encoder placed on the CPU has nothing to offload).
     offload_text_encoder: bool = False
 
     @field_validator("device")

@@ -140,7 +140,10 @@ def _text_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, d
     model = build_umt5(config.text_encoder, ctx.device, dtype, folder=folder, progress=ctx.progress)
     tokenizer_dir = None if model_path is None else str(Path(model_path) / "tokenizer")
     tokenizer = load_tokenizer(tokenizer_dir, config.text_encoder["vocab_size"])
-    offload = ctx.config.offload_text_encoder
+    # A text encoder placed on the CPU holds no GPU memory: streaming would only copy its weights.
+    offload = ctx.config.offload_text_encoder and ctx.device.startswith("cuda")
+    if ctx.config.offload_text_encoder and not offload:
+        logger.info("offload_text_encoder: the text encoder runs on %s, nothing to offload", ctx.device)
     encoder = PromptEncoder(model, tokenizer, ctx.device, config.max_text_tokens, offload=offload)
     return WanTextEncoderNode(
         encoder,
