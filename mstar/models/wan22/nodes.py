@@ -22,7 +22,13 @@ from mstar.models.wan22.denoise import (
     latent_shape,
 )
 from mstar.models.wan22.text_encoder import PromptEncoder, WanTextEncoderNode, build_umt5, load_tokenizer
-from mstar.models.wan22.vae import WanVAE, WanVAEDecoder, denormalize_latents, load_wan_vae, normalize_latents
+from mstar.models.wan22.vae import (
+    WanVAEDecoder,
+    WanVAEEncoder,
+    denormalize_latents,
+    load_wan_vae,
+    normalize_latents,
+)
 from mstar.models.wan22.vae_config import WanVAEConfig
 
 FRAMES = "frames"
@@ -46,9 +52,10 @@ logger = logging.getLogger(__name__)
 
 
 class WanVAEEncodeNode(Node):
-    """input_reference image -> request.tensors["image_latents"] (normalised [z, 1, h, w], float32)."""
+    """input_reference image -> request.tensors["image_latents"] (normalised [z, 1, h, w], float32).
+    `vae` is the encoder-only copy (a full WanVAE encodes the same)."""
 
-    def __init__(self, vae: WanVAE, name: str = "vae_encoder", max_batch_size: int = 4):
+    def __init__(self, vae: WanVAEEncoder, name: str = "vae_encoder", max_batch_size: int = 4):
         self.vae = vae
         self.name = name
         self.max_batch_size = max_batch_size
@@ -193,9 +200,11 @@ def _vae_config(config: Wan22Config) -> WanVAEConfig:
 
 def _vae_encoder_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dtype) -> Node:
     if model_path is not None:
-        vae = load_wan_vae(_folder(model_path, "vae"), device=ctx.device, dtype=dtype)
+        vae = load_wan_vae(_folder(model_path, "vae"), device=ctx.device, dtype=dtype, encoder_only=True)
     else:
-        vae = build_module(lambda: WanVAE(_vae_config(config)), ctx.device, dtype, progress=ctx.progress)
+        vae = build_module(
+            lambda: WanVAEEncoder(_vae_config(config)), ctx.device, dtype, progress=ctx.progress
+        )
     return WanVAEEncodeNode(vae)
 
 

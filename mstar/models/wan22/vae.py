@@ -9,6 +9,7 @@ Decoding runs one latent frame at a time with causal frame caches exactly as dif
     mean = vae.encode(image)                                        # [B, 3, 1, H, W] -> [B, z, 1, h, w]
     decoder = decoder_only(vae); del vae                            # serving keeps only this
     decoder = load_wan_vae("ckpt/vae", "cuda", torch.bfloat16, decoder_only=True)  # reads no encoder
+    encoder = load_wan_vae("ckpt/vae", "cuda", torch.bfloat16, encoder_only=True)  # reads no decoder
 
 For serving decode (channels_last_3d, torch.compile, uint8 frames) see mstar.diffusion.vae_decode.
 """
@@ -27,6 +28,7 @@ from mstar.models.wan22.vae_config import WanVAEConfig
 
 ENCODE_CHUNK_FRAMES = 4  # frames per encoder call after the first frame (diffusers hard-codes 4)
 _ENCODER_KEY_PREFIXES = ("encoder.", "quant_conv.")  # skipped by the decoder-only copy
+_DECODER_KEY_PREFIXES = ("decoder.", "post_quant_conv.")  # skipped by the encoder-only copy
 
 
 def _build_decoder(config: WanVAEConfig) -> Decoder3d:
@@ -93,16 +95,12 @@ class _LatentDecoding:
             raise ValueError(f"latents must be [B, {self.config.z_dim}, F, H, W], got {tuple(latents.shape)}")
 
 
-class WanVAE(_LatentDecoding, nn.Module):
-    """Encoder + decoder with diffusers AutoencoderKLWan's state-dict keys."""
+class _VideoEncoding:
+    """The encode method shared by the full VAE and the encoder-only serving copy."""
 
-    def __init__(self, config: WanVAEConfig):
-        super().__init__()
-        self.config = config
-        self.encoder = _build_encoder(config)
-        self.quant_conv = CausalConv3d(config.z_dim * 2, config.z_dim * 2, 1)
-        self.post_quant_conv = CausalConv3d(config.z_dim, config.z_dim, 1)
-        self.decoder = _build_decoder(config)
+    config: WanVAEConfig
+    encoder: Encoder3d
+    quant_conv: CausalConv3d
 
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         """Video [B, 3, 1 + 4k, H, W] in [-1, 1] -> latent mean [B, z, 1 + k, H/s, W/s] (un-normalised).
@@ -122,6 +120,30 @@ class WanVAE(_LatentDecoding, nn.Module):
             tails = cache.tails
         moments = self.quant_conv(torch.cat(chunks, dim=2))  # [B, 2z, F', H', W']: mean, log-variance
         return moments[:, : self.config.z_dim]
+
+
+class WanVAE(_VideoEncoding, _LatentDecoding, nn.Module):
+    """Encoder + decoder with diffusers AutoencoderKLWan's state-dict keys."""
+
+    def __init__(self, config: WanVAEConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = _build_encoder(config)
+        self.quant_conv = CausalConv3d(config.z_dim * 2, config.z_dim * 2, 1)
+        self.post_quant_conv = CausalConv3d(config.z_dim, config.z_dim, 1)
+        self.decoder = _build_decoder(config)
+
+
+class WanVAEEncoder(_VideoEncoding, nn.Module):
+    """Serving copy for image-to-video: encoder + quant_conv only (same keys as in the full VAE,
+    in the same order, so seeded random weights equal the full VAE's). The decoder it leaves out
+    is 555M parameters (1.03 GiB in bf16) for Wan2.2-TI2V-5B; the decode node has its own."""
+
+    def __init__(self, config: WanVAEConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = _build_encoder(config)
+        self.quant_conv = CausalConv3d(config.z_dim * 2, config.z_dim * 2, 1)
 
 
 class WanVAEDecoder(_LatentDecoding, nn.Module):
@@ -168,15 +190,24 @@ def load_wan_vae(
     dtype: torch.dtype = torch.float32,
     decoder_only: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
-) -> WanVAE | WanVAEDecoder:
+    encoder_only: bool = False,
+) -> WanVAE | WanVAEDecoder | WanVAEEncoder:
     """Build from a diffusers `vae/` folder (config.json + safetensors) straight onto device/dtype.
 
-    decoder_only=True reads just the post_quant_conv and decoder tensors (the serving copy).
+    decoder_only=True reads just the post_quant_conv and decoder tensors (the serving copy);
+    encoder_only=True just the encoder and quant_conv tensors (image-to-video's encode node).
     Errors (mstar.models.checkpoint.CheckpointError, a ValueError) name the offending tensor.
     """
     from mstar.models.checkpoint import build_module, read_config
 
     config = WanVAEConfig.from_dict(read_config(vae_dir))
+    if decoder_only and encoder_only:
+        raise ValueError("load_wan_vae: decoder_only and encoder_only exclude each other")
+    if encoder_only:
+        return build_module(
+            lambda: WanVAEEncoder(config), device, dtype, folder=vae_dir, progress=progress,
+            ignore_unexpected=_DECODER_KEY_PREFIXES,
+        )  # fmt: skip
     if decoder_only:
         return build_module(
             lambda: WanVAEDecoder(config), device, dtype, folder=vae_dir, progress=progress,

@@ -8,6 +8,7 @@ import torch
 from mstar.models.wan22.vae import (
     WanVAE,
     WanVAEDecoder,
+    WanVAEEncoder,
     decoder_only,
     denormalize_latents,
     load_wan_vae,
@@ -90,6 +91,32 @@ def test_decoder_only_loads_and_matches(saved_vae):
     with torch.no_grad():
         assert torch.equal(served.decode(latents), full.decode(latents))
         assert torch.equal(shared.decode(latents), full.decode(latents))
+
+
+def test_encoder_only_loads_and_matches(saved_vae):
+    _, folder, _ = saved_vae
+    full = load_wan_vae(folder)
+    served = load_wan_vae(folder, encoder_only=True)
+    assert isinstance(served, WanVAEEncoder)
+    assert not any(name.startswith(("decoder.", "post_quant_conv.")) for name in served.state_dict())
+    video = torch.rand(1, 3, 5, 32, 32) * 2 - 1
+    with torch.no_grad():
+        assert torch.equal(served.encode(video), full.encode(video))
+    with pytest.raises(ValueError, match="exclude each other"):
+        load_wan_vae(folder, decoder_only=True, encoder_only=True)
+
+
+def test_encoder_only_random_weights_equal_the_full_vaes():
+    """Seeded random weights follow state-dict order: the encoder-only copy must get the full VAE's
+    encoder, so a random-weight server encodes as before."""
+    from mstar.models.checkpoint import build_module
+
+    config = WanVAEConfig.from_dict(TINY_WAN22)
+    full = build_module(lambda: WanVAE(config), "cpu", torch.float32, seed=4)
+    served = build_module(lambda: WanVAEEncoder(config), "cpu", torch.float32, seed=4)
+    full_weights = full.state_dict()
+    for name, tensor in served.state_dict().items():
+        assert torch.equal(tensor, full_weights[name]), name
 
 
 def test_state_dict_keys_equal_diffusers(saved_vae):
