@@ -72,7 +72,7 @@ class ServerConfig(BaseModel):
     # prompt embeddings kept on the text encoder's device for texts that come back (0: off)
     prompt_cache_mb: int = Field(64, ge=0)
     # the text encoder's weights stay in host memory and stream to the GPU block by block for each
-    # prompt: Wan's UMT5-XXL holds ~0.7 GiB on the GPU instead of ~10.6, and a prompt pays the
+    # prompt: Wan's UMT5-XXL holds ~0.7 GiB on the GPU instead of ~8.6, and a prompt pays the
     # weights' trip over PCIe (H200: 132 ms per prompt against 31 ms resident). Wan2.2 only (other
     # models refuse it at boot; a text encoder placed on the CPU has nothing to offload).
     offload_text_encoder: bool = False

@@ -19,24 +19,17 @@ from mstar.models.zimage.text_encoder import build_qwen3
 PROMPTS = ["a fox", "a lighthouse on a rocky coast during a storm, waves crashing", ""]
 
 
-class CallRecorder(torch.nn.Module):
-    """Wraps a model and records the shapes and keyword arguments of every call."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-        self.calls: list[tuple[tuple, dict]] = []
-
-    def forward(self, *args, **kwargs):
-        self.calls.append(([tuple(a.shape) for a in args], dict(kwargs)))
-        return self.model(*args, **kwargs)
-
-
 def wan_encoder() -> WanPromptEncoder:
+    """Gathers the prompt's token embeddings on the host and calls UMT5 with them: its calls."""
     config = tiny_wan22_config()
     model = build_umt5(config.text_encoder, "cpu", torch.float32)
     tokenizer = fallback_tokenizer(vocab_size=config.text_encoder["vocab_size"])
-    return WanPromptEncoder(CallRecorder(model), tokenizer, "cpu", config.max_text_tokens)
+    model.calls = []
+    model.register_forward_pre_hook(
+        lambda _, args, kwargs: model.calls.append(([tuple(a.shape) for a in args], dict(kwargs))),
+        with_kwargs=True,
+    )
+    return WanPromptEncoder(model, tokenizer, "cpu", config.max_text_tokens)
 
 
 def zimage_encoder() -> ZImagePromptEncoder:
@@ -74,6 +67,7 @@ def test_each_prompt_is_one_forward_without_a_mask(family):
     calls = encoder.model.calls
     assert len(calls) == len(PROMPTS)
     for shapes, kwargs in calls:
-        ids_shape = shapes[0] if shapes else tuple(kwargs["input_ids"].shape)
+        inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        ids_shape = shapes[0] if shapes else tuple(inputs.shape)
         assert ids_shape[0] == 1  # one prompt per forward
         assert kwargs.get("attention_mask") is None and len(shapes) <= 1

@@ -61,9 +61,10 @@ def load_tokenizer(folder: str | None, vocab_size: int):
 
 
 class PromptEncoder:
-    """Prompts -> UMT5 embeddings. With `offload`, the blocks' weights live in host memory and stream
-    to the device for each forward (mstar.engine.offload), and the 256k-row token embedding stays
-    on the host: a prompt's rows are gathered there and only they travel."""
+    """Prompts -> UMT5 embeddings. The 256k-row token embedding (2.1 GB for UMT5-XXL) stays in host
+    memory: a prompt gathers at most 512 of its rows there, and only those travel. With `offload`,
+    the blocks' weights live in host memory too and stream to the device for each forward
+    (mstar.engine.offload)."""
 
     def __init__(
         self,
@@ -77,20 +78,17 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_text_tokens = max_text_tokens
-        self.streamed = None
-        if offload:
-            self._offload()
-
-    def _offload(self) -> None:
-        from mstar.engine.offload import StreamedBlocks
-
-        self.streamed = StreamedBlocks(self.model.encoder.block, self.device)
-        # One host copy of the token embedding: loaded weights may tie it to embed_tokens through
-        # two parameters, so the encoder is pointed at the moved module.
+        # One host copy of the table: loaded weights may tie it to embed_tokens through two
+        # parameters, so the encoder is pointed at the moved module.
         self.model.shared.to("cpu")
         self.model.encoder.embed_tokens = self.model.shared
+        self.streamed = None
+        if offload:
+            from mstar.engine.offload import StreamedBlocks
+
+            self.streamed = StreamedBlocks(self.model.encoder.block, self.device)
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # the weights' device blocks go back to the driver for the DiT
+            torch.cuda.empty_cache()  # the moved weights' device blocks go back to the driver
 
     @torch.inference_mode()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
@@ -110,10 +108,8 @@ class PromptEncoder:
             add_special_tokens=True,
             return_tensors="pt",
         )["input_ids"]  # [1, num_tokens] on the host
-        if self.streamed is None:
-            return self.model(to_device(ids, self.device)).last_hidden_state[0]  # [num_tokens, d_model]
         embeds = to_device(self.model.shared(ids), self.device)  # [1, num_tokens, d_model] from the host
-        return self.model(inputs_embeds=embeds).last_hidden_state[0]
+        return self.model(inputs_embeds=embeds).last_hidden_state[0]  # [num_tokens, d_model]
 
 
 class WanTextEncoderNode(PromptEmbedsNode):

@@ -50,5 +50,6 @@ def test_offloaded_encoder_on_cuda_is_exact_and_keeps_the_weights_on_the_host():
     for expected, got in zip(resident.encode(PROMPTS), offloaded.encode(PROMPTS), strict=True):
         assert got.device.type == "cuda" and torch.equal(expected, got)
     assert offloaded.model.shared.weight.device.type == "cpu"
+    assert resident.model.shared.weight.device.type == "cpu"  # the token table stays on the host
     block_weights = [p for p in offloaded.model.encoder.block.parameters()]
     assert all(p.device.type == "cpu" and p.is_pinned() for p in block_weights)
