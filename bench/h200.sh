@@ -226,6 +226,7 @@ gpu_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKE
 case "$phase" in
   call1)
     missing "${SERVER_MODULES[@]}"  # said first: the serve phase at the end needs them
+    guarded encode-speed 40 python3 bench/encode_speed.py  # the API's PNG and MP4 encodes, this host
     # Z-Image first: on 2026-11-29 the time guard cut the profile after Wan's two workloads
     guarded profile 270 python3 -m mstar.bench.profile --workloads zimage-1024-b1,wan-480p-cfg,wan-720p-b1 \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
