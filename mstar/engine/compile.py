@@ -27,6 +27,21 @@ PERSISTENT_ROWS_ENV = "MSTAR_PERSISTENT_ROWS"
 _warned_no_deterministic = False
 
 
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+
+
+def use_compile_cache(directory: str | None) -> None:
+    """Keep this process's compiled kernels under `directory` (inductor/ and triton/), so a
+    restarted server (or worker) reuses them instead of compiling again. Call before the first
+    compile; a cache location already set in the environment wins."""
+    if not directory:
+        return
+    root = os.path.abspath(os.path.expanduser(directory))
+    os.environ.setdefault(INDUCTOR_CACHE_ENV, os.path.join(root, "inductor"))
+    os.environ.setdefault(TRITON_CACHE_ENV, os.path.join(root, "triton"))
+
+
 def inductor_options(mode: str) -> dict[str, Any]:
     """Inductor config patches for a compile mode."""
     import torch._inductor.config as inductor_config

@@ -19,6 +19,7 @@ import msgspec
 import zmq
 
 from mstar.config import ServerConfig
+from mstar.engine.compile import use_compile_cache
 from mstar.engine.memory import take_peak_allocated_bytes
 from mstar.graph import BuildContext, ModelSpec, Node
 from mstar.models.registry import get_model_spec
@@ -42,6 +43,7 @@ def build_group(
     groups = config.placement(spec.node_names)
     owner = {name: index for index, group in enumerate(groups) for name in group.nodes}
     group = groups[boot.worker]
+    use_compile_cache(config.compile_cache_dir)
     use_device(group.device)
     context = BuildContext(
         config=config,

@@ -1,6 +1,7 @@
 """The boot log says where boot time goes: node builds, node warmups, workers up, warmup requests."""
 
 import logging
+import os
 import re
 
 from mstar.runtime import messages as m
@@ -66,3 +67,15 @@ def test_a_worker_on_a_numbered_gpu_makes_it_the_current_device(monkeypatch):
     for device in ("cpu", "cuda", "cuda:1"):
         use_device(device)
     assert chosen == [torch.device("cuda:1")]
+
+
+def test_a_worker_keeps_compiled_kernels_in_the_configured_cache_dir(monkeypatch, tmp_path):
+    from mstar.engine.compile import INDUCTOR_CACHE_ENV, TRITON_CACHE_ENV
+
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, "")  # recorded, so the worker's value is undone after
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV)
+    monkeypatch.setenv(TRITON_CACHE_ENV, "/chosen/by/the/user")
+    config = make_config(compile_cache_dir=str(tmp_path / "kernels"))
+    build_group(m.WorkerBoot(config.model_dump_json(), SPEC_PATH, 0, 0, "", "", "", ""), lambda *_: None)
+    assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "kernels" / "inductor")
+    assert os.environ[TRITON_CACHE_ENV] == "/chosen/by/the/user"  # what the user set wins
