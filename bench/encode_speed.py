@@ -17,6 +17,7 @@ from PIL import Image
 
 from mstar.api.media import encode_mp4
 from mstar.api.png import encode_png
+from mstar.bench.stats import median
 
 
 def median_ms(encode, num_runs: int = 5) -> tuple[float, int]:
@@ -26,7 +27,7 @@ def median_ms(encode, num_runs: int = 5) -> tuple[float, int]:
         started = time.perf_counter()
         size_bytes = len(encode())
         times_s.append(time.perf_counter() - started)
-    return 1000 * sorted(times_s)[num_runs // 2], size_bytes
+    return 1000 * median(times_s), size_bytes
 
 
 def pillow_png(image: np.ndarray) -> bytes:
