@@ -46,13 +46,14 @@
 #         Wan at c=1 with offload_text_encoder (peak memory, the prompt's cost).
 #  confirm / probe-repeat: carry .whl_pack; Wan's cold request against its repeats (probe-repeat
 #         with MSTAR_TRACE_TENSORS: where two runs of a prompt and seed part ways, eager and compiled).
+#  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
 # cold request, steady c=1, high c, mixed sizes, recompiles from /metrics, same-seed parity.
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -74,7 +75,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -234,6 +235,15 @@ case "$phase" in
     guarded gpu-tests 90 env TORCH_LOGS=recompiles python3 -m pytest -q -s -m gpu -p no:cacheprovider \
       -p no:logging tests/runtime/test_step_timer.py tests/models/zimage/test_text_graphs.py \
       tests/models/zimage/test_gpu_vae.py tests/models/wan22/test_dit_text_kv.py tests/models/test_compile_once_gpu.py
+    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
+      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
+      -- "${gpu_flags[@]}" ;;
+  call3)  # carry .whl_pack: the API's PNG and MP4 encodes on this host, Z-Image's step profile with
+    # inductor's generated code kept (xz) to read its fused kernels, then the Z-Image serving profile
+    guarded encode-speed 60 python3 bench/encode_speed.py
+    guarded profile 150 env TORCH_LOGS=output_code python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
+      --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
+    xz -T0 "$out/profile.out"
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.models.fusion import concat_linears
+from mstar.models.rotary import halves_order
 
 
 def sinusoidal_embedding(timesteps: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -45,12 +46,6 @@ def apply_rotary_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
     `halves_order`): contiguous loads instead of stride-2 ones. x [T, H, D]; cos/sin [T, 1, D/2]."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
-
-
-def halves_order(num_heads: int, head_dim: int) -> torch.Tensor:
-    """Feature order [H * D] that puts each head's interleaved pairs as halves: (0, 2, .., 1, 3, ..)."""
-    within_head = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
-    return (torch.arange(num_heads)[:, None] * head_dim + within_head[None, :]).flatten()
 
 
 def rotary_tables(head_dim: int, max_seq_len: int, theta: float = 10000.0) -> list[torch.Tensor]:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.models.fusion import concat_linears
+from mstar.models.rotary import halves_order
 
 ADALN_EMBED_DIM = 256
 FREQUENCY_EMBEDDING_SIZE = 256
@@ -96,6 +97,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return rotated.flatten(-2).type_as(x)
 
 
+def apply_rotary_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rotary` with each head's pairs stored as halves (see `halves_order`): the same fp32
+    arithmetic per element, from two contiguous halves instead of stride-2 pairs."""
+    real, imag = x.float().chunk(2, dim=-1)  # [T, H, D/2] each
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat([real * cos - imag * sin, real * sin + imag * cos], dim=-1).type_as(x)
+
+
 class SelfAttention(nn.Module):
     """Keys as diffusers' Attention(qk_norm="rms_norm", bias=False, out_bias=False)."""
 
@@ -110,13 +119,29 @@ class SelfAttention(nn.Module):
         self.norm_q = RMSNorm(head_dim, eps=1e-5) if qk_norm else None
         self.norm_k = RMSNorm(head_dim, eps=1e-5) if qk_norm else None
         self.fused = False
+        self.rotary_halves = False  # q/k features in halves order (set by fuse_projections)
 
     def fuse_projections(self) -> None:
-        """to_q/to_k/to_v as one `to_qkv` GEMM (after loading); the separate weights are deleted."""
+        """to_q/to_k/to_v as one `to_qkv` GEMM (after loading); the separate weights are deleted.
+        Queries and keys move to halves order first, so rotary reads contiguous halves."""
         if not self.fused:
+            self._reorder_query_key_features()
             self.to_qkv = concat_linears([self.to_q, self.to_k, self.to_v])
             del self.to_q, self.to_k, self.to_v
             self.fused = True
+
+    def _reorder_query_key_features(self) -> None:
+        """Projection rows in halves order per head; the q/k RMS norms (over one head) take their
+        weights in the same order. Scores, and so the output, are unchanged (mstar.models.rotary)."""
+        head_dim = self.to_q.out_features // self.n_heads
+        order = halves_order(self.n_heads, head_dim).to(self.to_q.weight.device)
+        with torch.no_grad():
+            for linear in (self.to_q, self.to_k):
+                linear.weight.copy_(linear.weight[order])
+            for norm in (self.norm_q, self.norm_k):
+                if norm is not None:
+                    norm.weight.copy_(norm.weight[order[:head_dim]])
+        self.rotary_halves = True
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v each [T, H, D]; views into one GEMM output when fused."""
@@ -138,7 +163,8 @@ class SelfAttention(nn.Module):
         if self.norm_k is not None:
             k = self.norm_k(k)
         cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        rotate = apply_rotary_halves if self.rotary_halves else apply_rotary
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         out = attn.run(label, q, k, v.to(q.dtype))  # [T, H, D]
         return self.to_out[0](out.flatten(1).to(q.dtype))
 

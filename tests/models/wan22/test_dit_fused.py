@@ -77,7 +77,8 @@ def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused)
 
 
 def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fused):
-    from mstar.models.wan22.dit_layers import apply_rotary, apply_rotary_halves, halves_order
+    from mstar.models.rotary import halves_order
+    from mstar.models.wan22.dit_layers import apply_rotary, apply_rotary_halves
 
     num_heads, head_dim = 3, 8
     order = halves_order(num_heads, head_dim)

@@ -37,6 +37,11 @@ def _run(model, items) -> list[torch.Tensor]:
 @pytest.fixture(scope="module")
 def unfused_and_fused():
     unfused = build_dit(TINY.dit, "cpu", torch.float32, seed=3)
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():  # norm weights of ones would hide a norm left in the wrong feature order
+        for name, parameter in unfused.named_parameters():
+            if name.endswith(("norm_q.weight", "norm_k.weight")):
+                parameter.copy_(1 + 0.5 * torch.randn(parameter.shape, generator=generator))
     fused = copy.deepcopy(unfused)
     fused.fuse_projections()
     return unfused, fused
@@ -73,3 +78,25 @@ def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused)
     for counter in counters:
         graphs = [graph for graph in counter.graphs if len(graph.graph.nodes) > 0]  # dynamo adds an empty one
         assert len(graphs) == 1  # a new pack length reuses the graph
+
+
+def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fused):
+    """Exactly: the same fp32 arithmetic per element, only the features' places differ."""
+    from mstar.models.rotary import halves_order
+    from mstar.models.zimage.dit_layers import apply_rotary, apply_rotary_halves
+
+    num_heads, head_dim = 3, 8
+    order = halves_order(num_heads, head_dim)
+    x = torch.randn(5, num_heads * head_dim).bfloat16()
+    angles = torch.randn(5, head_dim // 2)
+    interleaved = apply_rotary(x.unflatten(-1, (num_heads, head_dim)), angles.cos(), angles.sin())
+    halves = apply_rotary_halves(x[:, order].unflatten(-1, (num_heads, head_dim)), angles.cos(), angles.sin())
+    assert torch.equal(halves.flatten(-2), interleaved.flatten(-2)[:, order])
+    unfused, fused = unfused_and_fused
+    blocks = [*fused.noise_refiner, *fused.context_refiner, *fused.layers]
+    assert all(block.attention.rotary_halves for block in blocks)
+    assert not any(block.attention.rotary_halves for block in unfused.layers)
+    # The per-head q norm's weight moved with its features.
+    norm_weight = unfused.layers[0].attention.norm_q.weight
+    head_order = halves_order(1, norm_weight.numel())
+    assert torch.equal(fused.layers[0].attention.norm_q.weight, norm_weight[head_order])
