@@ -70,6 +70,9 @@ class ServerConfig(BaseModel):
     # DiT q/k/v (and Z-Image gate/up) projections concatenated into one GEMM each after loading;
     # CUDA only (the CPU path stays the plain reference). False to A/B it or rule it out.
     fuse_projections: bool = True
+    # hand-written Triton kernels where inductor's are slow (mstar/engine/kernels: the DiTs' q/k RMS
+    # norm + rotary); CUDA with fuse_projections only. False: the PyTorch code, compiled as configured.
+    triton_kernels: bool = True
     max_tokens_per_step: int = Field(131072, ge=1)
     max_batch_size: int = Field(8, ge=1)
     # prompt embeddings kept on the text encoder's device for texts that come back (0: off)

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+TRITON_KERNELS_ENV = "MSTAR_TRITON_KERNELS"
 FUSE_PROJECTIONS_ENV = "MSTAR_FUSE_PROJECTIONS"
 DIT_MODULES = {"wan": "mstar.models.wan22.dit", "zimage": "mstar.models.zimage.dit"}
 
@@ -111,6 +112,8 @@ def build_ours(
     dit = cast_parameters(dit.to(device=device), dtype, keep_fp32).eval().requires_grad_(False)
     if hasattr(dit, "fuse_projections") and fuse_projections_enabled(device):
         dit.fuse_projections()  # after loading diffusers' keys, before compile (as the server does)
+        if hasattr(dit, "use_qk_kernel") and triton_kernels_enabled():
+            dit.use_qk_kernel()
     _apply_compile_mode(dit, compile_mode)
 
     kept: dict[int, Any] = {}  # per text tensor, what the server keeps per request and label
@@ -140,6 +143,14 @@ def _keep_text_state(dit: Any, attn: Any, item: Any, raw: dict, kept: dict[int, 
         if key not in kept:
             kept[key] = dit.refine_caption(item.caption, attn)
         item.refined_caption = kept[key]
+
+
+def triton_kernels_enabled() -> bool:
+    """MSTAR_TRITON_KERNELS=0 keeps the PyTorch q/k norm + rotary where projections are fused."""
+    setting = os.environ.get(TRITON_KERNELS_ENV, "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"{TRITON_KERNELS_ENV} must be 0 or 1, got '{setting}'")
+    return setting == "1"
 
 
 def fuse_projections_enabled(device: str) -> bool:

@@ -101,6 +101,11 @@ class WanDiT(nn.Module):
         for block in self.blocks:
             block.fuse_projections()
 
+    def use_qk_kernel(self) -> None:
+        """Self attention's q/k norm + rotary as one Triton kernel on CUDA (after fuse_projections)."""
+        for block in self.blocks:
+            block.attn1.use_qk_kernel()
+
     @property
     def projections_fused(self) -> bool:
         return all(block.attn1.fused is not None for block in self.blocks)

@@ -155,6 +155,7 @@ class WanAttention(nn.Module):
         self.norm_k = nn.RMSNorm(dim, eps=eps)
         self.fused: str | None = None  # None, "qkv" (self attention) or "kv" (cross attention)
         self.rotary_halves = False  # q/k features in halves order (fused self attention)
+        self.qk_kernel = False  # self attention's q/k norm + rotary as mstar::qk_norm_rotary
 
     def fuse_projections(self, self_attention: bool) -> None:
         """Concatenate the projections that share an input; the separate weights are deleted."""
@@ -183,6 +184,15 @@ class WanAttention(nn.Module):
                     module.bias.copy_(module.bias[order])
         self.rotary_halves = True
 
+    def use_qk_kernel(self) -> None:
+        """Self attention's q/k RMS norm (over the whole row) and rotary as one Triton kernel
+        (mstar.engine.kernels) on CUDA. Needs the halves order, so fuse_projections first."""
+        if not self.rotary_halves:
+            raise ValueError("the q/k kernel needs fused self-attention projections (halves order)")
+        import mstar.engine.kernels.qk_norm_rotary  # noqa: F401  registers the op
+
+        self.qk_kernel = True
+
     def _project_self(self, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v [T, dim] of self attention; views into one GEMM output when fused."""
         if self.fused == "qkv":
@@ -204,21 +214,38 @@ class WanAttention(nn.Module):
     def forward(self, x, attention, label: str, rotary=None, context_kv=None) -> torch.Tensor:
         """x [T, dim] queries. Self attention when context_kv is None, with rotary (cos, sin);
         cross attention over context_kv [2, Tkv, dim]: keys and values from `context_key_value`."""
-        if context_kv is None:
+        heads = (self.heads, -1)
+        if context_kv is None and self.qk_kernel and rotary is not None:
             query, key, value = self._project_self(x)
-            key = self.norm_k(key)
+            query, key = self._norm_rotate_kernel(
+                query.unflatten(-1, heads), key.unflatten(-1, heads), rotary
+            )
         else:
-            query = self.to_q(x)
-            key, value = context_kv.unbind(0)
-        query = self.norm_q(query).unflatten(-1, (self.heads, -1))  # [T, H, D]
-        key = key.unflatten(-1, (self.heads, -1))
-        value = value.unflatten(-1, (self.heads, -1))
-        if rotary is not None:
-            rotate = apply_rotary_halves if self.rotary_halves else apply_rotary
-            query = rotate(query, *rotary)
-            key = rotate(key, *rotary)
-        out = attention.run(label, query, key, value).flatten(-2).type_as(query)  # [T, dim]
+            if context_kv is None:
+                query, key, value = self._project_self(x)
+                key = self.norm_k(key)
+            else:
+                query = self.to_q(x)
+                key, value = context_kv.unbind(0)
+            query = self.norm_q(query).unflatten(-1, heads)  # [T, H, D]
+            key = key.unflatten(-1, heads)
+            if rotary is not None:
+                rotate = apply_rotary_halves if self.rotary_halves else apply_rotary
+                query = rotate(query, *rotary)
+                key = rotate(key, *rotary)
+        out = (
+            attention.run(label, query, key, value.unflatten(-1, heads)).flatten(-2).type_as(query)
+        )  # [T, dim]
         return self.to_out[0](out)
+
+    def _norm_rotate_kernel(self, query, key, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMS norm over each row (all heads) and rotary, one kernel each for queries and keys [T, H, D]."""
+        cos, sin = (table.flatten(1) for table in rotary)  # [T, 1, D/2] -> [T, D/2]
+        qk_norm_rotary = torch.ops.mstar.qk_norm_rotary
+        return (
+            qk_norm_rotary(query, self.norm_q.weight, cos, sin, self.norm_q.eps, "row"),
+            qk_norm_rotary(key, self.norm_k.weight, cos, sin, self.norm_k.eps, "row"),
+        )
 
 
 class WanBlock(nn.Module):

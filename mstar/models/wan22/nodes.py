@@ -171,6 +171,8 @@ def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dt
     )  # fmt: skip
     if server.fuse_projections and ctx.device.startswith("cuda"):
         dit.fuse_projections()  # after loading (diffusers' keys), before compile
+        if server.triton_kernels:
+            dit.use_qk_kernel()
     mode = effective_mode(server.compile_mode, ctx.device)
     dit.compile_layers(mode)
     attention = build_attention(

@@ -123,6 +123,11 @@ class ZImageDiT(nn.Module):
         for block in [*self.noise_refiner, *self.context_refiner, *self.layers]:
             block.fuse_projections()
 
+    def use_qk_kernel(self) -> None:
+        """Every attention's q/k norm + rotary as one Triton kernel on CUDA (after fuse_projections)."""
+        for block in [*self.noise_refiner, *self.context_refiner, *self.layers]:
+            block.attention.use_qk_kernel()
+
     @property
     def projections_fused(self) -> bool:
         return all(block.attention.fused for block in self.layers)

@@ -120,6 +120,7 @@ class SelfAttention(nn.Module):
         self.norm_k = RMSNorm(head_dim, eps=1e-5) if qk_norm else None
         self.fused = False
         self.rotary_halves = False  # q/k features in halves order (set by fuse_projections)
+        self.qk_kernel = False  # q/k norm + rotary as mstar::qk_norm_rotary (use_qk_kernel)
 
     def fuse_projections(self) -> None:
         """to_q/to_k/to_v as one `to_qkv` GEMM (after loading); the separate weights are deleted.
@@ -143,6 +144,15 @@ class SelfAttention(nn.Module):
                     norm.weight.copy_(norm.weight[order[:head_dim]])
         self.rotary_halves = True
 
+    def use_qk_kernel(self) -> None:
+        """Queries' and keys' RMS norm and rotary as one Triton kernel (mstar.engine.kernels) on
+        CUDA. Needs the halves order, so fuse_projections first."""
+        if not self.rotary_halves or self.norm_q is None or self.norm_k is None:
+            raise ValueError("the q/k kernel needs fused projections (halves order) and q/k norms")
+        import mstar.engine.kernels.qk_norm_rotary  # noqa: F401  registers the op
+
+        self.qk_kernel = True
+
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v each [T, H, D]; views into one GEMM output when fused."""
         if self.fused:
@@ -158,6 +168,11 @@ class SelfAttention(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn, label: str
     ) -> torch.Tensor:
         q, k, v = self._project(x)  # [T, H, D] each
+        if self.qk_kernel:
+            cos, sin = rope  # [T, D/2] fp32
+            q = torch.ops.mstar.qk_norm_rotary(q, self.norm_q.weight, cos, sin, self.norm_q.eps, "head")
+            k = torch.ops.mstar.qk_norm_rotary(k, self.norm_k.weight, cos, sin, self.norm_k.eps, "head")
+            return self._attend(q, k, v, attn, label)
         if self.norm_q is not None:
             q = self.norm_q(q)
         if self.norm_k is not None:
@@ -165,6 +180,9 @@ class SelfAttention(nn.Module):
         cos, sin = rope
         rotate = apply_rotary_halves if self.rotary_halves else apply_rotary
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        return self._attend(q, k, v, attn, label)
+
+    def _attend(self, q, k, v, attn, label: str) -> torch.Tensor:
         out = attn.run(label, q, k, v.to(q.dtype))  # [T, H, D]
         return self.to_out[0](out.flatten(1).to(q.dtype))
 

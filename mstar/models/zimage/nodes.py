@@ -191,6 +191,8 @@ def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, d
     dit = build_dit(config.dit, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
     if server.fuse_projections and ctx.device.startswith("cuda"):
         dit.fuse_projections()  # after loading (diffusers' keys), before compile
+        if server.triton_kernels:
+            dit.use_qk_kernel()
     mode = effective_mode(server.compile_mode, ctx.device)
     dit.compile_layers(mode)
     sizes = warmup_sizes(server.compile_sizes) if server.warmup and mode != "off" else []

@@ -59,9 +59,14 @@ def test_fuse_is_idempotent(unfused_and_fused):
     assert fused.blocks[0].attn1.to_qkv.weight is before
 
 
-def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused):
+@pytest.mark.parametrize("qk_kernel", [False, True])
+def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused, qk_kernel):
     _, eager = unfused_and_fused
     model = copy.deepcopy(eager)
+    if qk_kernel:  # the op is one opaque node of the graph
+        eager = copy.deepcopy(eager)
+        eager.use_qk_kernel()
+        model.use_qk_kernel()
     counter = CompileCounterWithBackend("aot_eager")
     model._layers = torch.compile(model.run_layers, backend=counter, fullgraph=True, dynamic=True)
     # Two items each time: one item has one modulation row (size 1 specialises: its own graph).
@@ -90,3 +95,17 @@ def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fuse
     assert torch.equal(halves.flatten(-2), interleaved.flatten(-2)[:, order])
     _, fused = unfused_and_fused
     assert all(block.attn1.rotary_halves and not block.attn2.rotary_halves for block in fused.blocks)
+
+
+def test_qk_kernel_op_gives_the_fused_output_and_needs_fused_projections(unfused_and_fused):
+    """On the CPU the op runs its PyTorch definition, so the output is the fused model's exactly;
+    the Triton kernel itself is checked against that definition in tests/engine."""
+    unfused, fused = unfused_and_fused
+    with_kernel = copy.deepcopy(fused)
+    with_kernel.use_qk_kernel()
+    assert all(block.attn1.qk_kernel and not block.attn2.qk_kernel for block in with_kernel.blocks)
+    items = [_item(3, 2, 8, 8), _item(4, 1, 6, 10, text_len=5)]
+    for want, got in zip(_run(fused, items), _run(with_kernel, items), strict=True):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="fused self-attention projections"):
+        copy.deepcopy(unfused).use_qk_kernel()

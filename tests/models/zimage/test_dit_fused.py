@@ -61,10 +61,15 @@ def test_fused_equals_unfused_and_drops_separate_projections(unfused_and_fused):
     assert fused.projections_fused and not unfused.projections_fused
 
 
-def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused):
+@pytest.mark.parametrize("qk_kernel", [False, True])
+def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused, qk_kernel):
     """The main stack and the noise refiner (both compiled in serving) trace as one graph each."""
     _, eager = unfused_and_fused
     model = copy.deepcopy(eager)
+    if qk_kernel:  # the op is one opaque node of the graph
+        eager = copy.deepcopy(eager)
+        eager.use_qk_kernel()
+        model.use_qk_kernel()
     counters = [CompileCounterWithBackend("aot_eager") for _ in range(2)]
     model._run_layers = torch.compile(model._layer_stack, backend=counters[0], fullgraph=True, dynamic=True)
     model._run_noise_refiner = torch.compile(
@@ -100,3 +105,17 @@ def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fuse
     norm_weight = unfused.layers[0].attention.norm_q.weight
     head_order = halves_order(1, norm_weight.numel())
     assert torch.equal(fused.layers[0].attention.norm_q.weight, norm_weight[head_order])
+
+
+def test_qk_kernel_op_gives_the_fused_output_and_needs_fused_projections(unfused_and_fused):
+    """On the CPU the op runs its PyTorch definition, so the output is the fused model's exactly."""
+    unfused, fused = unfused_and_fused
+    with_kernel = copy.deepcopy(fused)
+    with_kernel.use_qk_kernel()
+    blocks = [*with_kernel.noise_refiner, *with_kernel.context_refiner, *with_kernel.layers]
+    assert all(block.attention.qk_kernel for block in blocks)
+    items = _items([(8, 12, 40), (16, 8, 5)], seed=1)
+    for want, got in zip(_run(fused, items), _run(with_kernel, items), strict=True):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="fused projections"):
+        copy.deepcopy(unfused).use_qk_kernel()

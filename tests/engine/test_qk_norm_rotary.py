@@ -1,0 +1,117 @@
+"""mstar::qk_norm_rotary: its PyTorch definition is each DiT's own q/k norm + rotary code, the op
+checks its inputs and compiles once for every pack length, and the Triton kernel computes the
+definition (under Triton's CPU interpreter here when Triton is installed; on CUDA in the gpu tier)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from mstar.engine.kernels.qk_norm_rotary import qk_norm_rotary, qk_norm_rotary_reference
+from mstar.models.zimage.dit_layers import RMSNorm, apply_rotary_halves
+
+
+def _inputs(num_tokens, num_heads, head_dim, dtype, seed=0):
+    """x as a strided view into a wider projection output, like q and k inside the fused qkv GEMM."""
+    generator = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(num_tokens, 3 * num_heads * head_dim, generator=generator).to(dtype)
+    x = qkv[:, num_heads * head_dim : 2 * num_heads * head_dim].unflatten(-1, (num_heads, head_dim))
+    angles = torch.randn(num_tokens, head_dim // 2, generator=generator)
+    return x, angles.cos(), angles.sin(), generator
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_scope_is_zimage_rms_norm_then_rotary(dtype):
+    x, cos, sin, generator = _inputs(7, 3, 16, dtype)
+    norm = RMSNorm(16, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(16, generator=generator))
+    want = apply_rotary_halves(norm(x), cos, sin)
+    assert torch.equal(qk_norm_rotary_reference(x, norm.weight, cos, sin, 1e-5, "head"), want)
+    assert torch.equal(qk_norm_rotary(x, norm.weight, cos, sin, 1e-5, "head"), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_scope_is_wan_rms_norm_over_all_heads_then_rotary(dtype):
+    from mstar.models.wan22.dit_layers import apply_rotary_halves as wan_rotary
+
+    x, cos, sin, generator = _inputs(7, 3, 16, dtype)
+    norm = nn.RMSNorm(48, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(48, generator=generator))
+    want = wan_rotary(norm(x.flatten(1)).unflatten(-1, (3, 16)), cos[:, None], sin[:, None])
+    got = qk_norm_rotary(x, norm.weight, cos, sin, 1e-6, "row")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_bad_inputs_are_named():
+    x, cos, sin, _ = _inputs(4, 2, 8, torch.float32)
+    with pytest.raises(ValueError, match="norm_scope"):
+        qk_norm_rotary(x, torch.ones(8), cos, sin, 1e-6, "column")
+    with pytest.raises(ValueError, match="weight must have 16"):
+        qk_norm_rotary(x, torch.ones(8), cos, sin, 1e-6, "row")
+    with pytest.raises(ValueError, match=r"cos/sin must be \[T, D/2\]"):
+        qk_norm_rotary(x, torch.ones(8), cos[:, :2], sin[:, :2], 1e-6, "head")
+
+
+def test_compiles_once_for_every_pack_length():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    weight = torch.rand(16) + 0.5
+
+    def norm_rotate(x, cos, sin):
+        return torch.ops.mstar.qk_norm_rotary(x, weight, cos, sin, 1e-5, "head") * 2
+
+    compiled = torch.compile(norm_rotate, backend=counter, fullgraph=True, dynamic=True)
+    for num_tokens in (5, 9, 33):
+        x, cos, sin, _ = _inputs(num_tokens, 2, 16, torch.float32, seed=num_tokens)
+        assert torch.equal(compiled(x, cos, sin), norm_rotate(x, cos, sin))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_triton_kernel_computes_the_definition_under_the_interpreter():
+    """In a child process: TRITON_INTERPRET must be set before the kernel is built. fp32 only (the
+    interpreter's bf16 casts do not round as the GPU's do; the gpu tier checks bf16)."""
+    code = """
+import torch
+from mstar.engine.kernels.qk_norm_rotary import qk_norm_rotary_reference, run_triton
+generator = torch.Generator().manual_seed(0)
+for scope, num_heads in (("row", 3), ("head", 3), ("head", 1)):
+    qkv = torch.randn(6, 3 * num_heads * 16, generator=generator)
+    x = qkv[:, num_heads * 16 : 2 * num_heads * 16].unflatten(-1, (num_heads, 16))
+    weight = 1 + 0.3 * torch.randn(num_heads * 16 if scope == "row" else 16, generator=generator)
+    angles = torch.randn(6, 8, generator=generator)
+    want = qk_norm_rotary_reference(x, weight, angles.cos(), angles.sin(), 1e-6, scope)
+    got = run_triton(x, weight, angles.cos(), angles.sin(), 1e-6, scope)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("scope", "num_heads"), [("row", 24), ("head", 30)])
+def test_triton_kernel_on_cuda_matches_the_definition_in_bf16(scope, num_heads):
+    """Wan 5B (24 heads, norm over the row) and Z-Image (30 heads, norm per head) at 4k tokens."""
+    x, cos, sin, generator = _inputs(4104, num_heads, 128, torch.bfloat16)
+    weight = (
+        1 + 0.3 * torch.randn(num_heads * 128 if scope == "row" else 128, generator=generator)
+    ).bfloat16()
+    x, cos, sin, weight = x.cuda(), cos.cuda(), sin.cuda(), weight.cuda()
+    want = qk_norm_rotary_reference(x, weight, cos, sin, 1e-6, scope)
+    got = qk_norm_rotary(x, weight, cos, sin, 1e-6, scope)
+    assert got.is_contiguous() and got.shape == x.shape
+    # one bf16 rounding step at most (rsqrt and fused multiply-adds may round the other way)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+    assert (got != want).float().mean().item() < 0.02
