@@ -112,6 +112,7 @@ def test_triton_kernel_on_cuda_matches_the_definition_in_bf16(scope, num_heads):
     want = qk_norm_rotary_reference(x, weight, cos, sin, 1e-6, scope)
     got = qk_norm_rotary(x, weight, cos, sin, 1e-6, scope)
     assert got.is_contiguous() and got.shape == x.shape
-    # one bf16 rounding step at most (rsqrt and fused multiply-adds may round the other way)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+    # A normed value may round the other way (rsqrt, fused multiply-adds): one bf16 step of the
+    # normed values (|y| < 8: 2**-5), which the rotation carries whole into outputs near zero.
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-5)
     assert (got != want).float().mean().item() < 0.02
