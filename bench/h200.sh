@@ -48,6 +48,7 @@
 #         with MSTAR_TRACE_TENSORS: where two runs of a prompt and seed part ways, eager and compiled).
 #  kernels: carry .whl_pack; the Triton kernels' GPU tests and the two DiT step profiles.
 #  call4: carry .whl_pack; Wan's serving profile, then Wan with offload_text_encoder (peaks).
+#  call5: carry .whl_pack; an A/B of the q/k kernel in both DiTs' step profiles, the Z-Image suite.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
@@ -55,7 +56,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -77,7 +78,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | kernels | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | kernels | call5 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -253,6 +254,16 @@ case "$phase" in
     guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py
     guarded profile 300 python3 -m mstar.bench.profile --workloads zimage-1024-b1,wan-480p-cfg \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json" ;;
+  call5)  # carry .whl_pack: both DiTs' step profiles with and without the Triton q/k kernel on one
+    # machine (an A/B), then the Z-Image serving profile
+    for kernels in 0 1; do
+      guarded "profile-kernels-$kernels" 150 env MSTAR_TRITON_KERNELS=$kernels python3 -m mstar.bench.profile \
+        --workloads zimage-1024-b1,wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
+        -o "$out/profile-kernels-$kernels.json"
+    done
+    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
+      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
+      -- "${gpu_flags[@]}" ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 150 \
