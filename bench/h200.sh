@@ -49,6 +49,7 @@
 #  kernels: carry .whl_pack; the Triton kernels' GPU tests and the two DiT step profiles.
 #  call4: carry .whl_pack; Wan's serving profile, then Wan with offload_text_encoder (peaks).
 #  call5: carry .whl_pack; an A/B of the q/k kernel in both DiTs' step profiles, the Z-Image suite.
+#  call6: carry .whl_pack; the kernels' GPU tests, Z-Image's profile and suite.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
@@ -56,7 +57,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -78,7 +79,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | kernels | call5 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | kernels | call5 | call6 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -261,6 +262,14 @@ case "$phase" in
         --workloads zimage-1024-b1,wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
         -o "$out/profile-kernels-$kernels.json"
     done
+    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
+      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
+      -- "${gpu_flags[@]}" ;;
+  call6)  # carry .whl_pack: the kernels' GPU tests, Z-Image's step profile, the Z-Image suite
+    guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py \
+      tests/engine/test_gated_residual_norm.py
+    guarded profile 150 python3 -m mstar.bench.profile --workloads zimage-1024-b1 --compile-modes deterministic \
+      --attention-backend fa3 -o "$out/profile.json"
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;

@@ -71,7 +71,8 @@ class ServerConfig(BaseModel):
     # CUDA only (the CPU path stays the plain reference). False to A/B it or rule it out.
     fuse_projections: bool = True
     # hand-written Triton kernels where inductor's are slow (mstar/engine/kernels: the DiTs' q/k RMS
-    # norm + rotary); CUDA with fuse_projections only. False: the PyTorch code, compiled as configured.
+    # norm + rotary, Z-Image's residual update + next norm); CUDA with fuse_projections only.
+    # False: the PyTorch code, compiled as configured.
     triton_kernels: bool = True
     max_tokens_per_step: int = Field(131072, ge=1)
     max_batch_size: int = Field(8, ge=1)

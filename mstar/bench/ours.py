@@ -114,6 +114,8 @@ def build_ours(
         dit.fuse_projections()  # after loading diffusers' keys, before compile (as the server does)
         if hasattr(dit, "use_qk_kernel") and triton_kernels_enabled():
             dit.use_qk_kernel()
+            if hasattr(dit, "use_norm_kernel"):
+                dit.use_norm_kernel()
     _apply_compile_mode(dit, compile_mode)
 
     kept: dict[int, Any] = {}  # per text tensor, what the server keeps per request and label

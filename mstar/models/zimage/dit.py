@@ -22,7 +22,14 @@ from mstar.diffusion.packing import bounded_cache_get, pad_rows
 from mstar.engine.attention import AttentionLayout
 from mstar.engine.transfer import to_device
 from mstar.models.zimage.config import DiTConfig, from_json_dict
-from mstar.models.zimage.dit_layers import ADALN_EMBED_DIM, FinalLayer, RMSNorm, RopeTables, TimestepEmbedder
+from mstar.models.zimage.dit_layers import (
+    ADALN_EMBED_DIM,
+    FinalLayer,
+    RMSNorm,
+    RopeTables,
+    TimestepEmbedder,
+    run_modulated_blocks,
+)
 from mstar.models.zimage.dit_layers import TransformerBlock as Block
 
 SEQ_MULTI_OF = 32
@@ -127,6 +134,11 @@ class ZImageDiT(nn.Module):
         """Every attention's q/k norm + rotary as one Triton kernel on CUDA (after fuse_projections)."""
         for block in [*self.noise_refiner, *self.context_refiner, *self.layers]:
             block.attention.use_qk_kernel()
+
+    def use_norm_kernel(self) -> None:
+        """The modulated blocks' residual updates and norms as one Triton kernel each, on CUDA."""
+        for block in [*self.noise_refiner, *self.layers]:
+            block.use_norm_kernel()
 
     @property
     def projections_fused(self) -> bool:
@@ -259,14 +271,15 @@ class ZImageDiT(nn.Module):
 
     def _noise_refiner_stack(self, x, cos, sin, item_emb, x_item, attn) -> torch.Tensor:
         """Noise refiner over the packed image tokens [sum Nx, dim]."""
-        for layer in self.noise_refiner:
-            x = layer(x, (cos, sin), attn, IMAGE_REFINER_LABEL, item_emb, x_item)
-        return x
+        return run_modulated_blocks(
+            self.noise_refiner, x, (cos, sin), attn, IMAGE_REFINER_LABEL, item_emb, x_item
+        )
 
     def _layer_stack(self, unified, cos, sin, item_emb, token_item, attn) -> torch.Tensor:
         """Main layers and final layer over the packed [image_i, caption_i] tokens [T, dim]."""
-        for layer in self.layers:
-            unified = layer(unified, (cos, sin), attn, SELF_LABEL, item_emb, token_item)
+        unified = run_modulated_blocks(
+            self.layers, unified, (cos, sin), attn, SELF_LABEL, item_emb, token_item
+        )
         return self.all_final_layer[self._key](unified, item_emb, token_item)
 
     def refine_caption(self, caption: torch.Tensor, attn) -> torch.Tensor:

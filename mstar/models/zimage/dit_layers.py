@@ -202,10 +202,26 @@ class TransformerBlock(nn.Module):
         self.modulation = modulation
         if modulation:
             self.adaLN_modulation = nn.Sequential(nn.Linear(min(dim, ADALN_EMBED_DIM), 4 * dim, bias=True))
+        self.norm_kernel = False  # residual updates + norms as mstar::gated_residual_rms_norm
 
     def fuse_projections(self) -> None:
         self.attention.fuse_projections()
         self.feed_forward.fuse_projections()
+
+    def use_norm_kernel(self) -> None:
+        """Each residual update and the norm after it as one Triton kernel on CUDA
+        (mstar.engine.kernels.gated_residual_norm); `run_modulated_blocks` then runs the block."""
+        norms = (self.attention_norm1, self.attention_norm2, self.ffn_norm1, self.ffn_norm2)
+        if not self.modulation or len({norm.eps for norm in norms}) != 1:
+            raise ValueError("the norm kernel needs a modulated block whose norms share one eps")
+        import mstar.engine.kernels.gated_residual_norm  # noqa: F401  registers the op
+
+        self.norm_kernel = True
+
+    def modulation_rows(self, item_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Per-item rows [num_items, dim]: 1 + scale_msa, tanh(gate_msa), 1 + scale_mlp, tanh(gate_mlp)."""
+        scale_msa, gate_msa, scale_mlp, gate_mlp = self.adaLN_modulation(item_emb).chunk(4, dim=1)
+        return 1.0 + scale_msa, gate_msa.tanh(), 1.0 + scale_mlp, gate_mlp.tanh()
 
     def forward(
         self,
@@ -220,13 +236,58 @@ class TransformerBlock(nn.Module):
         if not self.modulation:
             x = x + self.attention_norm2(self.attention(self.attention_norm1(x), rope, attn, label))
             return x + self.ffn_norm2(self.feed_forward(self.ffn_norm1(x)))
-        mod = self.adaLN_modulation(item_emb)  # [num_items, 4*dim]
-        scale_msa, gate_msa, scale_mlp, gate_mlp = mod.chunk(4, dim=1)
-        gate_msa, gate_mlp = per_token(gate_msa.tanh(), token_item), per_token(gate_mlp.tanh(), token_item)
-        scale_msa, scale_mlp = per_token(1.0 + scale_msa, token_item), per_token(1.0 + scale_mlp, token_item)
+        rows = self.modulation_rows(item_emb)
+        scale_msa, gate_msa, scale_mlp, gate_mlp = (per_token(row, token_item) for row in rows)
         attn_out = self.attention(self.attention_norm1(x) * scale_msa, rope, attn, label)
         x = x + gate_msa * self.attention_norm2(attn_out)
         return x + gate_mlp * self.ffn_norm2(self.feed_forward(self.ffn_norm1(x) * scale_mlp))
+
+    def forward_with_kernel(
+        self, x, h, rows, rope, attn, label: str, token_item, next_norm=None, next_scale=None
+    ):
+        """The modulated forward with `mstar::gated_residual_rms_norm`. x [T, dim] the residual, h
+        [T, dim] this block's attention input (normed and scaled). Returns (x after the block, the
+        next block's attention input: normed by next_norm and scaled by next_scale rows; empty
+        [0, dim] for the last block)."""
+        _, gate_msa, scale_mlp, gate_mlp = rows  # [num_items, dim] each
+        gated_norm = torch.ops.mstar.gated_residual_rms_norm
+        eps = self.ffn_norm1.eps
+        attn_out = self.attention(h, rope, attn, label)
+        x, h = gated_norm(
+            x,
+            attn_out,
+            gate_msa,
+            self.attention_norm2.weight,
+            self.ffn_norm1.weight,
+            scale_mlp,
+            token_item,
+            eps,
+        )
+        next_weight = None if next_norm is None else next_norm.weight
+        return gated_norm(
+            x, self.feed_forward(h), gate_mlp, self.ffn_norm2.weight, next_weight, next_scale, token_item, eps
+        )
+
+
+def run_modulated_blocks(blocks, x, rope, attn, label: str, item_emb, token_item) -> torch.Tensor:
+    """Modulated blocks one after another over x [T, dim]. With the norm kernel each block hands the
+    next its attention input, normed and scaled in the same kernel as its last residual update."""
+    if not blocks[0].norm_kernel:
+        for block in blocks:
+            x = block(x, rope, attn, label, item_emb, token_item)
+        return x
+    if token_item is None:
+        token_item = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    rows = [block.modulation_rows(item_emb) for block in blocks]
+    h = blocks[0].attention_norm1(x) * per_token(rows[0][0], token_item)
+    for index, block in enumerate(blocks):
+        is_last = index + 1 == len(blocks)
+        next_norm = None if is_last else blocks[index + 1].attention_norm1
+        next_scale = None if is_last else rows[index + 1][0]
+        x, h = block.forward_with_kernel(
+            x, h, rows[index], rope, attn, label, token_item, next_norm, next_scale
+        )
+    return x
 
 
 class FinalLayer(nn.Module):

@@ -193,6 +193,7 @@ def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, d
         dit.fuse_projections()  # after loading (diffusers' keys), before compile
         if server.triton_kernels:
             dit.use_qk_kernel()
+            dit.use_norm_kernel()
     mode = effective_mode(server.compile_mode, ctx.device)
     dit.compile_layers(mode)
     sizes = warmup_sizes(server.compile_sizes) if server.warmup and mode != "off" else []

@@ -66,10 +66,11 @@ def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused,
     """The main stack and the noise refiner (both compiled in serving) trace as one graph each."""
     _, eager = unfused_and_fused
     model = copy.deepcopy(eager)
-    if qk_kernel:  # the op is one opaque node of the graph
+    if qk_kernel:  # each op is one opaque node of the graph
         eager = copy.deepcopy(eager)
-        eager.use_qk_kernel()
-        model.use_qk_kernel()
+        for dit in (eager, model):
+            dit.use_qk_kernel()
+            dit.use_norm_kernel()
     counters = [CompileCounterWithBackend("aot_eager") for _ in range(2)]
     model._run_layers = torch.compile(model._layer_stack, backend=counters[0], fullgraph=True, dynamic=True)
     model._run_noise_refiner = torch.compile(
@@ -119,3 +120,21 @@ def test_qk_kernel_op_gives_the_fused_output_and_needs_fused_projections(unfused
         assert torch.equal(got, want)
     with pytest.raises(ValueError, match="fused projections"):
         copy.deepcopy(unfused).use_qk_kernel()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_kernel_op_gives_the_blocks_output(unfused_and_fused, dtype):
+    """On the CPU the op runs its PyTorch definition: the same output as the blocks' own code, in
+    bf16 too (the same roundings in the same order); the next block's input is handed over."""
+    _, fused = unfused_and_fused
+    plain = copy.deepcopy(fused).to(dtype)
+    with_kernel = copy.deepcopy(plain)
+    with_kernel.use_norm_kernel()
+    assert all(block.norm_kernel for block in [*with_kernel.noise_refiner, *with_kernel.layers])
+    assert not any(block.norm_kernel for block in with_kernel.context_refiner)
+    items = _items([(8, 12, 40), (16, 8, 5)], seed=2)
+    items = [DiTInput(i.latents.to(dtype), i.timestep, i.caption.to(dtype)) for i in items]
+    for want, got in zip(_run(plain, items), _run(with_kernel, items), strict=True):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="modulated block"):
+        copy.deepcopy(fused.context_refiner[0]).use_norm_kernel()
