@@ -91,12 +91,17 @@ print("ok")
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_items", [1, 2])
-def test_triton_kernel_on_cuda_matches_the_definition_in_bf16(num_items):
-    """Z-Image's width (3840) at 4k tokens."""
+def test_triton_kernel_on_cuda_is_as_accurate_as_the_definition_in_bf16(num_items):
+    """Z-Image's width (3840) at 4k tokens, both paths against the definition in float64 from the
+    same bf16 inputs. Element by element the two bf16 paths may part by more than a rounding step:
+    where x + gate * norm(y) cancels, one step of the product is a large part of the sum, and the
+    next norm and scale carry it on. So the test bounds each path's error against the truth."""
     args = {name: value.cuda() for name, value in _inputs(4128, 3840, num_items, torch.bfloat16).items()}
-    want_x, want_h = gated_residual_rms_norm_reference(**args, eps=1e-5)
-    x_new, h = gated_residual_rms_norm(**args, eps=1e-5)
-    # x_new depends on one rsqrt; h on two: a value may round the other way (one bf16 step)
-    torch.testing.assert_close(x_new.float(), want_x.float(), rtol=2**-7, atol=2**-5)
-    torch.testing.assert_close(h.float(), want_h.float(), rtol=2**-7, atol=2**-4)
-    assert (x_new != want_x).float().mean().item() < 0.02 and (h != want_h).float().mean().item() < 0.05
+    wide = {name: value.double() if value.is_floating_point() else value for name, value in args.items()}
+    truths = gated_residual_rms_norm_reference(**wide, eps=1e-5)
+    kernel_outputs = gated_residual_rms_norm(**args, eps=1e-5)
+    torch_outputs = gated_residual_rms_norm_reference(**args, eps=1e-5)
+    for got, ours, truth in zip(kernel_outputs, torch_outputs, truths, strict=True):
+        kernel_error, torch_error = (got.double() - truth).abs(), (ours.double() - truth).abs()
+        assert kernel_error.max() <= 1.5 * torch_error.max()
+        assert kernel_error.mean() <= 1.05 * torch_error.mean()
