@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from mstar.api.errors import ApiError
 from mstar.api.media import IMAGE_MEDIA_TYPES, encode_image
@@ -41,8 +42,20 @@ def _encode_all(frames_list: list[Any], output_format: str, quality: int | None)
     return [encode_image(frames[0], output_format, quality) for frames in frames_list]
 
 
+def b64_json_body(images: list[bytes], output_format: str, size: str, created: int) -> bytes:
+    """The b64_json response as JSON bytes, assembled around the base64 text: base64 needs no JSON
+    escaping, and json.dumps scans every character of a several-MB string (17 ms for a 1024x1024
+    PNG on a 2-core host, on the event loop). Same document as the dict json.dumps would give."""
+    parts = [b'{"created":%d,"data":[' % created]
+    for index, image in enumerate(images):
+        parts += [b"," if index else b"", b'{"b64_json":"', base64.b64encode(image), b'"}']
+    tail = json.dumps({"output_format": output_format, "size": size}, separators=(",", ":"))
+    parts += [b"],", tail[1:].encode("ascii")]
+    return b"".join(parts)  # one copy of the base64 text
+
+
 @router.post("/v1/images/generations")
-async def create_images(request: Request) -> dict[str, Any]:
+async def create_images(request: Request) -> Response:
     state = server_state(request)
     body = ImageGenerationRequest.model_validate(await read_fields(request))
     generator = state.generator
@@ -55,19 +68,15 @@ async def create_images(request: Request) -> dict[str, Any]:
     frames_list = await until_disconnected(request, generator.frames_of_all(submitted))
     output_format = body.output_format or "png"
     images = await asyncio.to_thread(_encode_all, frames_list, output_format, body.output_compression)
-    if body.response_format == "url":
-        media_type = IMAGE_MEDIA_TYPES[output_format]
-        base_url = str(request.base_url).rstrip("/")
-        data = [{"url": f"{base_url}/media/{state.media.put(image, media_type)}"} for image in images]
-    else:
-        data = [{"b64_json": base64.b64encode(image).decode("ascii")} for image in images]
     height, width = frames_list[0].shape[-3:-1]
-    return {
-        "created": int(time.time()),
-        "data": data,
-        "output_format": output_format,
-        "size": f"{width}x{height}",
-    }
+    size, created = f"{width}x{height}", int(time.time())
+    if body.response_format != "url":
+        content = await asyncio.to_thread(b64_json_body, images, output_format, size, created)
+        return Response(content, media_type="application/json")
+    media_type = IMAGE_MEDIA_TYPES[output_format]
+    base_url = str(request.base_url).rstrip("/")
+    data = [{"url": f"{base_url}/media/{state.media.put(image, media_type)}"} for image in images]
+    return JSONResponse({"created": created, "data": data, "output_format": output_format, "size": size})
 
 
 @router.get("/media/{media_id}")

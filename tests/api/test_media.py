@@ -142,3 +142,21 @@ def test_mp4_bytes_do_not_depend_on_the_encodes_before():
         outputs.add(encode_mp4(clip, fps=16))
         encode_mp4(others[index % len(others)], fps=16)
     assert len(outputs) == 1
+
+
+def test_b64_json_body_is_the_json_document_json_dumps_would_give():
+    """The images route assembles its b64_json body around the base64 text; it parses to the same
+    document as the dict it replaced, for no, one and several images."""
+    import base64
+    import json
+
+    from mstar.api.routes_images import b64_json_body
+
+    for images in ([], [b"\x00\xff png bytes"], [bytes(range(256)) * 3, b"x"]):
+        body = b64_json_body(images, "webp", "832x480", 1_764_000_000)
+        assert json.loads(body) == {
+            "created": 1_764_000_000,
+            "data": [{"b64_json": base64.b64encode(image).decode("ascii")} for image in images],
+            "output_format": "webp",
+            "size": "832x480",
+        }
