@@ -179,3 +179,32 @@ def test_main_log_handler_writes_to_the_current_stderr(monkeypatch):
     finally:
         for handler in [h for h in logger.handlers if h.get_name() == cli.MAIN_LOG_HANDLER]:
             logger.removeHandler(handler)
+
+
+def test_served_connections_send_without_nagle():
+    """The listening socket's connections, as asyncio (uvicorn's loop) accepts them, have Nagle's
+    algorithm off: with it on, a response's body waited 40 ms for the client's delayed ACK on every
+    keep-alive request after the first."""
+    import asyncio
+    import socket
+
+    sock = cli._listening_socket("127.0.0.1", 0)
+
+    async def accept_one() -> int:
+        seen: dict[str, int] = {}
+
+        async def handle(reader, writer) -> None:
+            seen["nodelay"] = writer.get_extra_info("socket").getsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY
+            )
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        await reader.read()
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return seen["nodelay"]
+
+    assert asyncio.run(accept_one()) != 0
