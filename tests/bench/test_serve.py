@@ -126,3 +126,37 @@ def test_summarize_percentiles_and_throughput_by_hand():
     assert summary["images_per_minute"] == pytest.approx(60.0)  # 4 done in 4 s
     assert percentile([], 50) is None
     assert percentile([3.0], 99) == 3.0
+
+
+def test_outputs_are_hashed_after_the_clock_stops_and_kept_only_when_asked(monkeypatch):
+    """A record's latency ends when the client holds the image's bytes; the sha256 (parity's, not a
+    user's cost) is taken after, and the bytes stay only with keep_media."""
+    import asyncio
+    import hashlib
+
+    from mstar.bench import serve
+
+    clock = iter(range(100))
+    monkeypatch.setattr(serve.time, "perf_counter", lambda: float(next(clock)))
+    real_sha256 = hashlib.sha256
+    hashed_at: list[float] = []
+
+    def sha256_noting_the_time(data):
+        hashed_at.append(float(next(clock)))
+        return real_sha256(data)
+
+    monkeypatch.setattr(serve.hashlib, "sha256", sha256_noting_the_time)
+    with FakeServer(FakeBehaviour()) as server:
+        import httpx
+
+        async def one(keep_media: bool) -> RequestRecord:
+            options = ServeOptions(base_url=server.url, kind="image", size="64x64", keep_media=keep_media)
+            async with httpx.AsyncClient(base_url=server.url) as client:
+                return await serve.run_one(client, options, 0)
+
+        dropped, kept = asyncio.run(one(False)), asyncio.run(one(True))
+    for record, at in zip((dropped, kept), hashed_at, strict=True):
+        assert record.ok and record.media_sha256 is not None
+        assert record.start_s < record.end_s < at
+    assert dropped.media is None
+    assert kept.media is not None and real_sha256(kept.media).hexdigest() == kept.media_sha256
