@@ -116,3 +116,21 @@ def test_triton_kernel_on_cuda_matches_the_definition_in_bf16(scope, num_heads):
     # normed values (|y| < 8: 2**-5), which the rotation carries whole into outputs near zero.
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-5)
     assert (got != want).float().mean().item() < 0.02
+
+
+def test_kernels_take_effect_on_cuda_with_triton_only(monkeypatch, caplog):
+    """Without Triton the models keep their PyTorch code, with one warning, instead of failing."""
+    import importlib.util as importlib_util
+
+    from mstar.engine import kernels
+
+    real_find_spec = importlib_util.find_spec
+    assert not kernels.triton_kernels_usable("cpu")
+    monkeypatch.setattr(
+        kernels.importlib.util, "find_spec", lambda name: None if name == "triton" else real_find_spec(name)
+    )
+    with caplog.at_level("WARNING", logger="mstar.engine.kernels"):
+        assert not kernels.triton_kernels_usable("cuda:0")
+    assert "Triton is not installed" in caplog.text
+    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: object())
+    assert kernels.triton_kernels_usable("cuda")

@@ -162,6 +162,7 @@ def _text_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, d
 def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dtype) -> Node:
     from mstar.engine.attention import build_attention
     from mstar.engine.compile import effective_mode
+    from mstar.engine.kernels import triton_kernels_usable
     from mstar.models.wan22.dit import WanDiT
 
     server = ctx.config
@@ -171,7 +172,7 @@ def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dt
     )  # fmt: skip
     if server.fuse_projections and ctx.device.startswith("cuda"):
         dit.fuse_projections()  # after loading (diffusers' keys), before compile
-        if server.triton_kernels:
+        if server.triton_kernels and triton_kernels_usable(ctx.device):
             dit.use_qk_kernel()
     mode = effective_mode(server.compile_mode, ctx.device)
     dit.compile_layers(mode)

@@ -186,12 +186,13 @@ def load_tokenizer(model_path: str | None, config: ZImageConfig):
 
 def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype, attn) -> Node:
     from mstar.engine.compile import effective_mode
+    from mstar.engine.kernels import triton_kernels_usable
 
     server = ctx.config
     dit = build_dit(config.dit, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
     if server.fuse_projections and ctx.device.startswith("cuda"):
         dit.fuse_projections()  # after loading (diffusers' keys), before compile
-        if server.triton_kernels:
+        if server.triton_kernels and triton_kernels_usable(ctx.device):
             dit.use_qk_kernel()
             dit.use_norm_kernel()
     mode = effective_mode(server.compile_mode, ctx.device)
