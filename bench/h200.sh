@@ -253,7 +253,7 @@ case "$phase" in
       -- "${gpu_flags[@]}" ;;
   kernels)  # carry .whl_pack: the hand-written kernels' GPU tests, then both DiTs' step profiles
     guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py
-    guarded profile 300 python3 -m mstar.bench.profile --workloads zimage-1024-b1,wan-480p-cfg \
+    guarded profile 300 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile --workloads zimage-1024-b1,wan-480p-cfg \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json" ;;
   call5)  # carry .whl_pack: both DiTs' step profiles with and without the Triton q/k kernel on one
     # machine (an A/B), then the Z-Image serving profile
@@ -262,25 +262,28 @@ case "$phase" in
         --workloads zimage-1024-b1,wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
         -o "$out/profile-kernels-$kernels.json"
     done
+    export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
   call6)  # carry .whl_pack: the kernels' GPU tests, Z-Image's step profile, the Z-Image suite
     guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py \
       tests/engine/test_gated_residual_norm.py
-    guarded profile 150 python3 -m mstar.bench.profile --workloads zimage-1024-b1 --compile-modes deterministic \
-      --attention-backend fa3 -o "$out/profile.json"
+    guarded profile 150 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
+      --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
+    export EXTRA_CONFIG="triton_kernels: true"  # off by default since these runs (host time per call)
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
+    export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 150 \
       --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
       --poll-interval 0.05 -- "${gpu_flags[@]}"
     for kind in json md out; do mv "$out/suite-wan-480p-t2v.$kind" "$out/suite-wan-480p-t2v-resident.$kind"; done
     mv "$out/server-wan-480p-t2v.log" "$out/server-wan-480p-t2v-resident.log"
-    export EXTRA_CONFIG="offload_text_encoder: true"
+    export EXTRA_CONFIG=$'offload_text_encoder: true\ntriton_kernels: true'
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 30 --sizes 832x480 \
       --num-steady 3 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}"
     for kind in json md out; do mv "$out/suite-wan-480p-t2v.$kind" "$out/suite-wan-480p-t2v-offload.$kind"; done

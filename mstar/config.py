@@ -71,9 +71,11 @@ class ServerConfig(BaseModel):
     # CUDA only (the CPU path stays the plain reference). False to A/B it or rule it out.
     fuse_projections: bool = True
     # hand-written Triton kernels where inductor's are slow (mstar/engine/kernels: the DiTs' q/k RMS
-    # norm + rotary, Z-Image's residual update + next norm); CUDA with fuse_projections only.
-    # False: the PyTorch code, compiled as configured.
-    triton_kernels: bool = True
+    # norm + rotary, Z-Image's residual update + next norm); CUDA with fuse_projections only. Off by
+    # default: on the H200 they made Z-Image's 1024x1024 step 2-3% faster on the GPU, but each call
+    # costs about 0.2 ms of host time, which the loop hides at large sizes and which would bound the
+    # step at small ones (Z-Image's host time per step: 22 ms without, 48 ms with both).
+    triton_kernels: bool = False
     max_tokens_per_step: int = Field(131072, ge=1)
     max_batch_size: int = Field(8, ge=1)
     # prompt embeddings kept on the text encoder's device for texts that come back (0: off)

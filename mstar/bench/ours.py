@@ -148,8 +148,9 @@ def _keep_text_state(dit: Any, attn: Any, item: Any, raw: dict, kept: dict[int, 
 
 
 def triton_kernels_enabled() -> bool:
-    """MSTAR_TRITON_KERNELS=0 keeps the PyTorch q/k norm + rotary where projections are fused."""
-    setting = os.environ.get(TRITON_KERNELS_ENV, "1")
+    """MSTAR_TRITON_KERNELS=1 uses the hand-written kernels where projections are fused (off by
+    default, as ServerConfig.triton_kernels)."""
+    setting = os.environ.get(TRITON_KERNELS_ENV, "0")
     if setting not in ("0", "1"):
         raise ValueError(f"{TRITON_KERNELS_ENV} must be 0 or 1, got '{setting}'")
     return setting == "1"
