@@ -2,11 +2,6 @@
 and next norm, it checks its inputs, and the Triton kernel computes the definition (under Triton's
 CPU interpreter here when Triton is installed; on CUDA in the gpu tier)."""
 
-import importlib.util
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -15,6 +10,7 @@ from mstar.engine.kernels.gated_residual_norm import (
     gated_residual_rms_norm_reference,
 )
 from mstar.models.zimage.dit_layers import RMSNorm, per_token
+from tests.engine.triton_interpreter import needs_triton, run_under_interpreter
 
 
 def _inputs(num_tokens, dim, num_items, dtype, seed=0):
@@ -64,7 +60,7 @@ def test_bad_inputs_are_named():
         gated_residual_rms_norm(**{**args, "token_item": args["token_item"][:2]}, eps=1e-5)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@needs_triton
 def test_triton_kernel_computes_the_definition_under_the_interpreter():
     """fp32 in a child process (TRITON_INTERPRET must be set before the kernel is built)."""
     code = """
@@ -81,12 +77,7 @@ for num_items, last in ((1, False), (3, False), (3, True)):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
 print("ok")
 """
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "ok"
+    run_under_interpreter(code)
 
 
 @pytest.mark.gpu

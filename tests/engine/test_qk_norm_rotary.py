@@ -2,17 +2,13 @@
 checks its inputs and compiles once for every pack length, and the Triton kernel computes the
 definition (under Triton's CPU interpreter here when Triton is installed; on CUDA in the gpu tier)."""
 
-import importlib.util
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
 
 from mstar.engine.kernels.qk_norm_rotary import qk_norm_rotary, qk_norm_rotary_reference
 from mstar.models.zimage.dit_layers import RMSNorm, apply_rotary_halves
+from tests.engine.triton_interpreter import needs_triton, run_under_interpreter
 
 
 def _inputs(num_tokens, num_heads, head_dim, dtype, seed=0):
@@ -74,7 +70,7 @@ def test_compiles_once_for_every_pack_length():
     assert counter.frame_count == 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@needs_triton
 def test_triton_kernel_computes_the_definition_under_the_interpreter():
     """In a child process: TRITON_INTERPRET must be set before the kernel is built. fp32 only (the
     interpreter's bf16 casts do not round as the GPU's do; the gpu tier checks bf16)."""
@@ -92,12 +88,7 @@ for scope, num_heads in (("row", 3), ("head", 3), ("head", 1)):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 print("ok")
 """
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "ok"
+    run_under_interpreter(code)
 
 
 @pytest.mark.gpu
