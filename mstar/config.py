@@ -72,9 +72,9 @@ class ServerConfig(BaseModel):
     fuse_projections: bool = True
     # hand-written Triton kernels where inductor's are slow (mstar/engine/kernels: the DiTs' q/k RMS
     # norm + rotary, Z-Image's residual update + next norm); CUDA with fuse_projections only. Off by
-    # default: on the H200 they made Z-Image's 1024x1024 step 2-3% faster on the GPU, but each call
-    # costs about 0.2 ms of host time, which the loop hides at large sizes and which would bound the
-    # step at small ones (Z-Image's host time per step: 22 ms without, 48 ms with both).
+    # default: on the H200 they make large steps 2-3% faster (Z-Image 1024x1024: 88.6 against 91.5
+    # ms a step in the server; Wan's 480p guidance pair 120.6 against 124.4 in the step profile),
+    # but small ones slower (Z-Image 512x512: 26.3 against 24.2 ms, where the host bounds the step).
     triton_kernels: bool = False
     max_tokens_per_step: int = Field(131072, ge=1)
     max_batch_size: int = Field(8, ge=1)

@@ -96,3 +96,34 @@ def test_triton_kernel_on_cuda_is_as_accurate_as_the_definition_in_bf16(num_item
         kernel_error, torch_error = (got.double() - truth).abs(), (ours.double() - truth).abs()
         assert kernel_error.max() <= 1.5 * torch_error.max()
         assert kernel_error.mean() <= 1.05 * torch_error.mean()
+
+
+@needs_triton
+def test_compile_sees_the_kernel_for_its_cache_key():
+    from mstar.engine.kernels.gated_residual_norm_triton import gated_residual_rms_norm_kernel
+
+    found = torch._library.triton.get_triton_kernels_for_op("mstar::gated_residual_rms_norm")
+    assert found == [gated_residual_rms_norm_kernel]
+
+
+@pytest.mark.gpu
+def test_inductor_launches_the_kernel_from_the_compiled_graph():
+    """Both forms (with the next norm, and the last block's) launched by inductor's code, not by a
+    call back into Python; the same values as the op run eagerly."""
+    from torch._inductor.utils import run_and_get_code
+
+    def both_forms(args):
+        x_new, h = torch.ops.mstar.gated_residual_rms_norm(**args, eps=1e-5)
+        last, _ = torch.ops.mstar.gated_residual_rms_norm(
+            **{**args, "x": x_new, "x_weight": None, "scale_rows": None}, eps=1e-5
+        )
+        return h, last
+
+    compiled = torch.compile(both_forms, fullgraph=True, dynamic=True)
+    for num_tokens in (300, 517):
+        args = {k: v.cuda() for k, v in _inputs(num_tokens, 3840, 2, torch.bfloat16, seed=num_tokens).items()}
+        got, codes = run_and_get_code(compiled, args)
+        for ours, want in zip(got, both_forms(args), strict=True):
+            assert torch.equal(ours, want)
+    code = "\n".join(codes)
+    assert "gated_residual_rms_norm_kernel" in code and "torch.ops.mstar" not in code

@@ -91,6 +91,36 @@ print("ok")
     run_under_interpreter(code)
 
 
+@needs_triton
+def test_compile_sees_the_kernel_for_its_cache_key():
+    """A triton_op names its kernels, so a compiled graph's cache key covers the kernel's source."""
+    from mstar.engine.kernels.qk_norm_rotary_triton import qk_norm_rotary_kernel
+
+    found = torch._library.triton.get_triton_kernels_for_op("mstar::qk_norm_rotary")
+    assert found == [qk_norm_rotary_kernel]
+
+
+@pytest.mark.gpu
+def test_inductor_launches_the_kernel_from_the_compiled_graph():
+    """Under torch.compile the op is not a call back into Python (0.2 ms of host time each): the
+    output code launches the Triton kernel itself, one graph for every pack length, same values."""
+    from torch._inductor.utils import run_and_get_code
+
+    weight = (torch.rand(128) + 0.5).bfloat16().cuda()
+
+    def norm_rotate(x, cos, sin):
+        return torch.ops.mstar.qk_norm_rotary(x, weight, cos, sin, 1e-6, "head") * 2
+
+    compiled = torch.compile(norm_rotate, fullgraph=True, dynamic=True)
+    for num_tokens in (300, 517):
+        x, cos, sin, _ = _inputs(num_tokens, 30, 128, torch.bfloat16, seed=num_tokens)
+        x, cos, sin = x.cuda(), cos.cuda(), sin.cuda()
+        got, codes = run_and_get_code(compiled, x, cos, sin)
+        assert torch.equal(got, norm_rotate(x, cos, sin))
+    code = "\n".join(codes)
+    assert "qk_norm_rotary_kernel" in code and "torch.ops.mstar" not in code
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("scope", "num_heads"), [("row", 24), ("head", 30)])
 def test_triton_kernel_on_cuda_matches_the_definition_in_bf16(scope, num_heads):

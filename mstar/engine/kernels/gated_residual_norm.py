@@ -19,9 +19,13 @@ per-item rows [num_items, dim] (tanh and 1 + scale already applied), gathered by
 
 from __future__ import annotations
 
-import functools
-
 import torch
+from torch.library import wrap_triton
+
+try:  # the op's CPU definition needs no Triton; triton_kernels_usable keeps CUDA from needing it
+    from mstar.engine.kernels.gated_residual_norm_triton import gated_residual_rms_norm_kernel
+except ImportError:
+    gated_residual_rms_norm_kernel = None
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -67,40 +71,8 @@ def _check(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item) -> None:
         raise ValueError(f"token_item must be [T] = [{x.shape[0]}], got {tuple(token_item.shape)}")
 
 
-@torch.library.custom_op("mstar::gated_residual_rms_norm", mutates_args=())
-def gated_residual_rms_norm(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    gate_rows: torch.Tensor,
-    y_weight: torch.Tensor,
-    x_weight: torch.Tensor | None,
-    scale_rows: torch.Tensor | None,
-    token_item: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _check(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item)
-    x_new, h = gated_residual_rms_norm_reference(
-        x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps
-    )
-    return x_new.contiguous(), h.contiguous()
-
-
-@gated_residual_rms_norm.register_fake
-def _fake(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps):
-    num_rows = 0 if x_weight is None else x.shape[0]
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty((num_rows, x.shape[1]))
-
-
-@gated_residual_rms_norm.register_kernel("cuda")
-def _cuda(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps):
-    _check(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item)
-    return run_triton(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps)
-
-
 def run_triton(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps: float):
     """The Triton kernel on any device Triton runs on (CUDA; CPU tensors under TRITON_INTERPRET=1)."""
-    import triton
-
     num_tokens, dim = x.shape
     x, y = x.contiguous(), y.contiguous()
     has_next = x_weight is not None
@@ -111,50 +83,38 @@ def run_triton(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps:
     if gate_rows.stride(1) != 1 or (has_next and scale_rows.stride(1) != 1):
         gate_rows = gate_rows.contiguous()
         scale_rows = scale_rows.contiguous() if has_next else None
-    _kernel()[(num_tokens,)](
+    wrap_triton(gated_residual_rms_norm_kernel)[(num_tokens,)](
         x, y, gate_rows, y_weight, x_weight if has_next else y_weight, scale_rows if has_next else gate_rows,
-        token_item, x_new, h if has_next else x_new, gate_rows.stride(0),
-        scale_rows.stride(0) if has_next else 0, eps,
-        DIM=dim, BLOCK=triton.next_power_of_2(dim), HAS_NEXT=has_next, GATHER=gate_rows.shape[0] > 1,
+        token_item, x_new, h, gate_rows.stride(0),
+        scale_rows.stride(0) if has_next else 0,
+        EPS=eps, DIM=dim, BLOCK=_next_power_of_2(dim), HAS_NEXT=has_next, GATHER=gate_rows.shape[0] > 1,
         num_warps=8,
     )  # fmt: skip
     return x_new, h
 
 
-@functools.cache
-def _kernel():
-    """The jitted kernel, built on first use (imports Triton)."""
-    import triton
-    import triton.language as tl
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
-    @triton.jit
-    def gated_residual_rms_norm_kernel(
-        x_ptr, y_ptr, gate_ptr, y_weight_ptr, x_weight_ptr, scale_ptr, token_item_ptr, x_out_ptr, h_out_ptr,
-        gate_row_stride, scale_row_stride, eps,
-        DIM: tl.constexpr, BLOCK: tl.constexpr, HAS_NEXT: tl.constexpr, GATHER: tl.constexpr,
-    ):  # fmt: skip
-        dtype = x_out_ptr.dtype.element_ty
-        token = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < DIM
-        item = 0
-        if GATHER:
-            item = tl.load(token_item_ptr + token).to(tl.int64)
-        # Z-Image's RMSNorm: fp32 statistics, the normed value rounded, times the weight, rounded
-        y = tl.load(y_ptr + token * DIM + cols, mask=mask, other=0.0).to(tl.float32)
-        y_scale = 1.0 / tl.sqrt_rn(tl.sum(y * y, axis=0) / DIM + eps)
-        y_weight = tl.load(y_weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        normed_y = ((y * y_scale).to(dtype).to(tl.float32) * y_weight).to(dtype).to(tl.float32)
-        gate = tl.load(gate_ptr + item * gate_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + token * DIM + cols, mask=mask, other=0.0).to(tl.float32)
-        x_new = (x + (gate * normed_y).to(dtype).to(tl.float32)).to(dtype)
-        tl.store(x_out_ptr + token * DIM + cols, x_new, mask=mask)
-        if HAS_NEXT:
-            x_row = x_new.to(tl.float32)
-            x_scale = 1.0 / tl.sqrt_rn(tl.sum(x_row * x_row, axis=0) / DIM + eps)
-            x_weight = tl.load(x_weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            normed_x = ((x_row * x_scale).to(dtype).to(tl.float32) * x_weight).to(dtype).to(tl.float32)
-            scale = tl.load(scale_ptr + item * scale_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(h_out_ptr + token * DIM + cols, (normed_x * scale).to(dtype), mask=mask)
 
-    return gated_residual_rms_norm_kernel
+# After run_triton: the op names its kernel (for compiled graphs' cache keys) as it is defined.
+@torch.library.triton_op("mstar::gated_residual_rms_norm", mutates_args=())
+def gated_residual_rms_norm(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate_rows: torch.Tensor,
+    y_weight: torch.Tensor,
+    x_weight: torch.Tensor | None,
+    scale_rows: torch.Tensor | None,
+    token_item: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A triton_op, so torch.compile launches the kernel from the compiled graph (see
+    mstar.engine.kernels.qk_norm_rotary). On the CPU the op is its PyTorch definition."""
+    _check(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item)
+    if x.device.type != "cuda":
+        x_new, h = gated_residual_rms_norm_reference(
+            x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps
+        )
+        return x_new.contiguous(), h.contiguous()
+    return run_triton(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps)

@@ -63,7 +63,7 @@ def test_fuse_is_idempotent(unfused_and_fused):
 def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused, qk_kernel):
     _, eager = unfused_and_fused
     model = copy.deepcopy(eager)
-    if qk_kernel:  # the op is one opaque node of the graph
+    if qk_kernel:  # a triton_op: compile traces into it (on the CPU, its PyTorch definition)
         eager = copy.deepcopy(eager)
         eager.use_qk_kernel()
         model.use_qk_kernel()

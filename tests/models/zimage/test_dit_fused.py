@@ -66,7 +66,7 @@ def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused,
     """The main stack and the noise refiner (both compiled in serving) trace as one graph each."""
     _, eager = unfused_and_fused
     model = copy.deepcopy(eager)
-    if qk_kernel:  # each op is one opaque node of the graph
+    if qk_kernel:  # triton_ops: compile traces into them (on the CPU, their PyTorch definitions)
         eager = copy.deepcopy(eager)
         for dit in (eager, model):
             dit.use_qk_kernel()

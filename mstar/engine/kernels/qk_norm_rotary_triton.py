@@ -1,0 +1,47 @@
+"""The Triton source of `mstar::qk_norm_rotary` (mstar.engine.kernels.qk_norm_rotary says what it
+computes). Importing this module imports Triton; the op's module does so only where it is installed."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def qk_norm_rotary_kernel(
+    x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, x_row_stride,
+    EPS: tl.constexpr, NUM_HEADS: tl.constexpr, HEADS_BLOCK: tl.constexpr, HALF_DIM: tl.constexpr, PER_HEAD: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, HEADS_BLOCK)[:, None]  # [HB, 1]
+    cols = tl.arange(0, HALF_DIM)[None, :]  # [1, D/2]
+    mask = heads < NUM_HEADS
+    first_offsets = heads * (2 * HALF_DIM) + cols  # [HB, D/2]: each head's first half
+    row = x_ptr + token * x_row_stride
+    first = tl.load(row + first_offsets, mask=mask, other=0.0).to(tl.float32)
+    second = tl.load(row + first_offsets + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
+    squares = first * first + second * second  # [HB, D/2]
+    if PER_HEAD:
+        variance = tl.sum(squares, axis=1)[:, None] / (2 * HALF_DIM)  # [HB, 1]
+        scale = 1.0 / tl.sqrt_rn(variance + EPS)
+        weight_first = tl.load(weight_ptr + cols).to(tl.float32)
+        weight_second = tl.load(weight_ptr + cols + HALF_DIM).to(tl.float32)
+        # Z-Image's order of roundings: the normed value, then its product with the weight
+        first = (first * scale).to(out_ptr.dtype.element_ty).to(tl.float32) * weight_first
+        second = (second * scale).to(out_ptr.dtype.element_ty).to(tl.float32) * weight_second
+    else:
+        variance = tl.sum(tl.sum(squares, axis=1), axis=0) / (NUM_HEADS * 2 * HALF_DIM)
+        scale = 1.0 / tl.sqrt_rn(variance + EPS)
+        weight_first = tl.load(weight_ptr + first_offsets, mask=mask, other=0.0).to(tl.float32)
+        weight_second = tl.load(weight_ptr + first_offsets + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
+        first = first * scale * weight_first
+        second = second * scale * weight_second
+    first = first.to(out_ptr.dtype.element_ty).to(tl.float32)
+    second = second.to(out_ptr.dtype.element_ty).to(tl.float32)
+    cos = tl.load(cos_ptr + token * HALF_DIM + cols)  # [1, D/2]
+    sin = tl.load(sin_ptr + token * HALF_DIM + cols)
+    out = out_ptr + token * (NUM_HEADS * 2 * HALF_DIM)
+    tl.store(out + first_offsets, (first * cos - second * sin).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out + first_offsets + HALF_DIM,
+        (first * sin + second * cos).to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
