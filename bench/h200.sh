@@ -50,6 +50,11 @@
 #  call4: carry .whl_pack; Wan's serving profile, then Wan with offload_text_encoder (peaks).
 #  call5: carry .whl_pack; an A/B of the q/k kernel in both DiTs' step profiles, the Z-Image suite.
 #  call6: carry .whl_pack; the kernels' GPU tests, Z-Image's profile and suite.
+#  call7: carry .whl_pack; the kernels as triton_ops: GPU tests, A/B step profiles (Z-Image 1024, 512; Wan).
+#  call8: carry .whl_pack; the kernels launched statically: step profiles, the Z-Image suite.
+#  call9: carry .whl_pack; the Wan suite with the kernels launched statically.
+#  call10: carry .whl_pack; Z-Image suites at 512x512 with the kernels off and on.
+#  call11: carry .whl_pack; the Z-Image suite at the defaults.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
@@ -57,7 +62,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -79,7 +84,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | kernels | call5 | call6 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -272,6 +277,40 @@ case "$phase" in
     guarded profile 150 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
     export EXTRA_CONFIG="triton_kernels: true"  # off by default since these runs (host time per call)
+    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
+      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
+      -- "${gpu_flags[@]}" ;;
+  call7)  # carry .whl_pack: the kernels as triton_ops (inductor launches them): their GPU tests, then
+    # both DiTs' step profiles with and without them on one machine, Z-Image at 1024 and 512 (host time)
+    guarded gpu-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py \
+      tests/engine/test_gated_residual_norm.py
+    for kernels in 0 1; do
+      guarded "profile-kernels-$kernels" 200 env MSTAR_TRITON_KERNELS=$kernels python3 -m mstar.bench.profile \
+        --workloads zimage-1024-b1,zimage-512-b1,wan-480p-cfg --compile-modes deterministic \
+        --attention-backend fa3 -o "$out/profile-kernels-$kernels.json"
+    done ;;
+  call8)  # carry .whl_pack: the triton_ops' kernels launched statically: step profiles with them, then
+    # the Z-Image suite with them
+    guarded profile-kernels-static 150 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile \
+      --workloads zimage-1024-b1,zimage-512-b1,wan-480p-cfg --compile-modes deterministic \
+      --attention-backend fa3 -o "$out/profile-kernels-static.json"
+    export EXTRA_CONFIG="triton_kernels: true"
+    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
+      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
+      -- "${gpu_flags[@]}" ;;
+  call9)  # carry .whl_pack: the Wan serving profile with the kernels launched statically (cold boot)
+    export EXTRA_CONFIG="triton_kernels: true"
+    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 150 \
+      --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
+      --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
+  call10)  # carry .whl_pack: Z-Image at 512x512, where host time may bound a step: kernels off, then on
+    for kernels in false true; do
+      export EXTRA_CONFIG="triton_kernels: $kernels"
+      suite_phase z-image-turbo zimage-512 '["512x512"]' 20 \
+        --num-steady 5 --high-concurrency 4 --num-high 8 --num-mixed 0 -- "${gpu_flags[@]}"
+      for kind in json md out; do mv "$out/suite-zimage-512.$kind" "$out/suite-zimage-512-kernels-$kernels.$kind"; done
+    done ;;
+  call11)  # carry .whl_pack: the Z-Image suite at the defaults (kernels off), for call8's figures with them
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;

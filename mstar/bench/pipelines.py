@@ -45,6 +45,7 @@ E2E_WORKLOADS: dict[str, EndToEndWorkload] = {
         EndToEndWorkload("wan-480p-t2v", "wan", "video", 832, 480, 33, 50, 5.0),
         EndToEndWorkload("wan-720p-t2v", "wan", "video", 1280, 704, 121, 50, 5.0),
         EndToEndWorkload("zimage-1024", "zimage", "image", 1024, 1024, 1, 9, 0.0),
+        EndToEndWorkload("zimage-512", "zimage", "image", 512, 512, 1, 9, 0.0),  # where host time may bound
         EndToEndWorkload("tiny-wan-t2v", "wan", "video", 64, 64, 5, 2, 5.0, tiny=True),
         EndToEndWorkload("tiny-zimage", "zimage", "image", 64, 64, 1, 2, 0.0, tiny=True),
     )

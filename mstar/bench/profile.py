@@ -176,7 +176,8 @@ def result_markdown(runs: list[dict]) -> str:
         lines += [
             f"### {run['workload']} ({run['compile_mode']}, {run['attention_backend']})",
             f"step {run['median_ms']:.2f} ms = kernels {run['kernel_ms_per_step']:.2f} ms ({kinds})"
-            f" + idle {run['idle_ms_per_step']:.2f} ms; first call {run['first_call_s']:.1f} s",
+            f" + idle {run['idle_ms_per_step']:.2f} ms; host {run.get('host_median_ms', 0):.2f} ms;"
+            f" first call {run['first_call_s']:.1f} s",
             "",
             "| kernel | kind | launches/step | ms/step | mean us |",
             "|---|---|---|---|---|",

@@ -49,12 +49,14 @@ def time_forward(fn: Callable[[], Any], num_warmup: int, num_timed: int, device:
     for _ in range(max(0, num_warmup - 1)):
         fn()
     sync()
-    times_ms = []
+    times_ms, host_times_ms = [], []
     for _ in range(num_timed):
         if on_cuda:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
+            begin_s = time.perf_counter()
             fn()
+            host_times_ms.append((time.perf_counter() - begin_s) * 1000)  # launching it, queue empty
             end.record()
             end.synchronize()
             times_ms.append(begin.elapsed_time(end))
@@ -62,9 +64,11 @@ def time_forward(fn: Callable[[], Any], num_warmup: int, num_timed: int, device:
             begin_s = time.perf_counter()
             fn()
             times_ms.append((time.perf_counter() - begin_s) * 1000)
+            host_times_ms.append(times_ms[-1])
     return {
         "first_call_s": first_call_s,
         "median_ms": median(times_ms),
+        "host_median_ms": median(host_times_ms),
         "min_ms": min(times_ms),
         "times_ms": times_ms,
     }
