@@ -106,6 +106,12 @@ class WanDiT(nn.Module):
         for block in self.blocks:
             block.attn1.use_qk_kernel()
 
+    def use_norm_kernel(self) -> None:
+        """Each block's residual updates and the norms after them as one Triton kernel each on CUDA
+        (mstar.engine.kernels.residual_layer_norm); the last one also gives the output head's norm."""
+        for block in self.blocks:
+            block.use_norm_kernel()
+
     @property
     def projections_fused(self) -> bool:
         return all(block.attn1.fused is not None for block in self.blocks)
@@ -171,9 +177,32 @@ class WanDiT(nn.Module):
         """The layer stack and output head over packed tokens [T, dim] -> [T, p_t*p_h*p_w*C]
         (the part worth compiling, T and Tkv dynamic: the head's norm and modulation fuse there too).
         text_kv [num_layers, 2, Tkv, dim]: each block reads its layer's slice."""
+        if self.blocks[0].norm_kernel:
+            return self._run_layers_with_kernel(
+                tokens, text_kv, modulation_rows, temb_rows, row_index, rotary, attention
+            )
         for index, block in enumerate(self.blocks):
             tokens = block(tokens, text_kv[index], modulation_rows, row_index, rotary, attention)
         return self.output_head(tokens, temb_rows, row_index)
+
+    def _run_layers_with_kernel(
+        self, tokens, text_kv, modulation_rows, temb_rows, row_index, rotary, attention
+    ) -> torch.Tensor:
+        """run_layers with mstar::residual_layer_norm: each block hands the next (and the last the
+        output head) its input already normed and modulated."""
+        tables = [block.modulation_tables(modulation_rows) for block in self.blocks]
+        head_shift, head_scale = (self.scale_shift_table + temb_rows.unsqueeze(1)).unbind(1)  # [R, dim]
+        next_rows = [(following[1], following[0]) for following in tables[1:]] + [
+            (1 + head_scale, head_shift)
+        ]
+        norm = torch.ops.mstar.residual_layer_norm
+        _, h = norm(tokens, None, None, None, None, tables[0][1], tables[0][0], row_index, self.config.eps)
+        for index, block in enumerate(self.blocks):
+            next_scale, next_shift = next_rows[index]
+            tokens, h = block.forward_with_kernel(
+                tokens, h, tables[index], next_scale, next_shift, text_kv[index], row_index, rotary, attention
+            )
+        return self.proj_out(h)
 
     def text_kv(self, text: torch.Tensor) -> torch.Tensor:
         """One item's text [L, text_dim] -> cross-attention keys and values of every layer

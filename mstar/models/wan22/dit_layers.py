@@ -257,10 +257,45 @@ class WanBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps) if cross_attn_norm else None
         self.ffn = FeedForward(dim, ffn_dim)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+        self.norm_kernel = False  # residual updates + norms as mstar::residual_layer_norm
 
     def fuse_projections(self) -> None:
         self.attn1.fuse_projections(self_attention=True)
         self.attn2.fuse_projections(self_attention=False)
+
+    def use_norm_kernel(self) -> None:
+        """Each residual update and the LayerNorm after it as one Triton kernel on CUDA
+        (mstar.engine.kernels.residual_layer_norm); WanDiT then runs the block with
+        forward_with_kernel."""
+        if self.norm2 is None:
+            raise ValueError("the norm kernel needs the cross-attention norm (cross_attn_norm)")
+        import mstar.engine.kernels.residual_layer_norm  # noqa: F401  registers the op
+
+        self.norm_kernel = True
+
+    def modulation_tables(self, modulation_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Per-item float32 rows [R, dim]: shift, 1 + scale, gate of self attention, then of the FFN."""
+        shift, scale, gate, c_shift, c_scale, c_gate = (
+            self.scale_shift_table + modulation_rows.float()
+        ).unbind(1)
+        return shift, 1 + scale, gate, c_shift, 1 + c_scale, c_gate
+
+    def forward_with_kernel(
+        self, x, h, tables, next_scale, next_shift, text_kv, row_index, rotary, attention
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward() with `mstar::residual_layer_norm`. x [T, dim] the residual, h [T, dim] this
+        block's self-attention input (normed and modulated); tables from modulation_tables. Returns
+        (x after the block, the next input: normed and modulated by the next_scale / next_shift
+        rows [R, dim], the next block's or the output head's)."""
+        _, _, gate, c_shift, c_scale, c_gate = tables
+        norm = torch.ops.mstar.residual_layer_norm
+        attn_out = self.attn1(h, attention, "self", rotary)
+        x, normed = norm(
+            x, attn_out, gate, self.norm2.weight, self.norm2.bias, None, None, row_index, self.eps
+        )
+        cross_out = self.attn2(normed, attention, "cross", context_kv=text_kv)
+        x, normed = norm(x, cross_out, None, None, None, c_scale, c_shift, row_index, self.eps)
+        return norm(x, self.ffn(normed), c_gate, None, None, next_scale, next_shift, row_index, self.eps)
 
     def forward(self, x, text_kv, modulation_rows, row_index, rotary, attention) -> torch.Tensor:
         """x [T, dim]; text_kv [2, Tkv, dim] this layer's cross-attention keys and values (from

@@ -174,6 +174,7 @@ def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dt
         dit.fuse_projections()  # after loading (diffusers' keys), before compile
         if server.triton_kernels and triton_kernels_usable(ctx.device):
             dit.use_qk_kernel()
+            dit.use_norm_kernel()
     mode = effective_mode(server.compile_mode, ctx.device)
     dit.compile_layers(mode)
     attention = build_attention(

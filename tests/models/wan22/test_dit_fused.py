@@ -2,6 +2,7 @@
 fused layer stack traces as one dynamic graph (aot_eager, CPU)."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -63,10 +64,11 @@ def test_fuse_is_idempotent(unfused_and_fused):
 def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused, qk_kernel):
     _, eager = unfused_and_fused
     model = copy.deepcopy(eager)
-    if qk_kernel:  # a triton_op: compile traces into it (on the CPU, its PyTorch definition)
+    if qk_kernel:  # triton_ops: compile traces into them (on the CPU, their PyTorch definitions)
         eager = copy.deepcopy(eager)
-        eager.use_qk_kernel()
-        model.use_qk_kernel()
+        for dit in (eager, model):
+            dit.use_qk_kernel()
+            dit.use_norm_kernel()
     counter = CompileCounterWithBackend("aot_eager")
     model._layers = torch.compile(model.run_layers, backend=counter, fullgraph=True, dynamic=True)
     # Two items each time: one item has one modulation row (size 1 specialises: its own graph).
@@ -109,3 +111,31 @@ def test_qk_kernel_op_gives_the_fused_output_and_needs_fused_projections(unfused
         assert torch.equal(got, want)
     with pytest.raises(ValueError, match="fused self-attention projections"):
         copy.deepcopy(unfused).use_qk_kernel()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_kernel_op_gives_the_models_output_exactly(unfused_and_fused, dtype):
+    """Each block hands the next its normed, modulated input through mstar::residual_layer_norm,
+    the last one the output head's: on the CPU (the op's PyTorch definition) the very same bytes,
+    with the keep-in-fp32 parameters of a bf16 model as served."""
+    _, fused = unfused_and_fused
+    model = copy.deepcopy(fused).to(dtype)
+    for name, parameter in model.named_parameters():
+        if any(pattern in name for pattern in WanDiT.fp32_param_patterns):
+            parameter.data = parameter.data.float()
+    with_kernel = copy.deepcopy(model)
+    with_kernel.use_norm_kernel()
+    assert all(block.norm_kernel for block in with_kernel.blocks)
+    items = [_item(7, 2, 8, 8), _item(8, 1, 6, 10, text_len=5)]
+    with torch.no_grad():
+        want = model(items, build_attention("torch", "cpu", dtype))
+        got = with_kernel(items, build_attention("torch", "cpu", dtype))
+    for ours, theirs in zip(got, want, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_norm_kernel_needs_the_cross_attention_norm():
+    config = tiny_wan22_config().dit
+    model = WanDiT(dataclasses.replace(config, cross_attn_norm=False))
+    with pytest.raises(ValueError, match="cross-attention norm"):
+        model.use_norm_kernel()
