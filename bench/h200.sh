@@ -55,6 +55,7 @@
 #  call9: carry .whl_pack; the Wan suite with the kernels launched statically.
 #  call10: carry .whl_pack; Z-Image suites at 512x512 with the kernels off and on.
 #  call11: carry .whl_pack; the Z-Image suite at the defaults.
+#  call12: carry .whl_pack; Wan's residual + LayerNorm kernel: GPU tests, step profile A/B.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
@@ -62,7 +63,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|call12|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -84,7 +85,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | call12 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -314,6 +315,14 @@ case "$phase" in
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
       --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
       -- "${gpu_flags[@]}" ;;
+  call12)  # carry .whl_pack: Wan's residual + LayerNorm kernel: its GPU tests, then Wan's step profile
+    # without and with the kernels on one machine
+    guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_residual_layer_norm.py
+    for kernels in 0 1; do
+      guarded "profile-wan-kernels-$kernels" 100 env MSTAR_TRITON_KERNELS=$kernels python3 -m mstar.bench.profile \
+        --workloads wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
+        -o "$out/profile-wan-kernels-$kernels.json"
+    done ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran
