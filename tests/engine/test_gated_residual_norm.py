@@ -10,7 +10,12 @@ from mstar.engine.kernels.gated_residual_norm import (
     gated_residual_rms_norm_reference,
 )
 from mstar.models.zimage.dit_layers import RMSNorm, per_token
-from tests.engine.triton_interpreter import needs_triton, run_under_interpreter
+from tests.engine.kernel_checks import (
+    assert_inductor_launches,
+    assert_op_names_its_kernel,
+    needs_triton,
+    run_under_interpreter,
+)
 
 
 def _inputs(num_tokens, dim, num_items, dtype, seed=0):
@@ -102,15 +107,12 @@ def test_triton_kernel_on_cuda_is_as_accurate_as_the_definition_in_bf16(num_item
 def test_compile_sees_the_kernel_for_its_cache_key():
     from mstar.engine.kernels.gated_residual_norm_triton import gated_residual_rms_norm_kernel
 
-    found = torch._library.triton.get_triton_kernels_for_op("mstar::gated_residual_rms_norm")
-    assert found == [gated_residual_rms_norm_kernel]
+    assert_op_names_its_kernel("mstar::gated_residual_rms_norm", gated_residual_rms_norm_kernel)
 
 
 @pytest.mark.gpu
 def test_inductor_launches_the_kernel_from_the_compiled_graph():
-    """Both forms (with the next norm, and the last block's) launched by inductor's code, not by a
-    call back into Python; the same values as the op run eagerly."""
-    from torch._inductor.utils import run_and_get_code
+    """Both forms (with the next norm, and the last block's) launched by inductor's code."""
 
     def both_forms(args):
         x_new, h = torch.ops.mstar.gated_residual_rms_norm(**args, eps=1e-5)
@@ -119,11 +121,8 @@ def test_inductor_launches_the_kernel_from_the_compiled_graph():
         )
         return h, last
 
-    compiled = torch.compile(both_forms, fullgraph=True, dynamic=True)
-    for num_tokens in (300, 517):
-        args = {k: v.cuda() for k, v in _inputs(num_tokens, 3840, 2, torch.bfloat16, seed=num_tokens).items()}
-        got, codes = run_and_get_code(compiled, args)
-        for ours, want in zip(got, both_forms(args), strict=True):
-            assert torch.equal(ours, want)
-    code = "\n".join(codes)
-    assert "gated_residual_rms_norm_kernel" in code and "torch.ops.mstar" not in code
+    arg_sets = [
+        ({k: v.cuda() for k, v in _inputs(num_tokens, 3840, 2, torch.bfloat16, seed=num_tokens).items()},)
+        for num_tokens in (300, 517)
+    ]
+    assert_inductor_launches("gated_residual_rms_norm_kernel", both_forms, arg_sets)

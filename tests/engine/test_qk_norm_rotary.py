@@ -8,7 +8,12 @@ from torch import nn
 
 from mstar.engine.kernels.qk_norm_rotary import qk_norm_rotary, qk_norm_rotary_reference
 from mstar.models.zimage.dit_layers import RMSNorm, apply_rotary_halves
-from tests.engine.triton_interpreter import needs_triton, run_under_interpreter
+from tests.engine.kernel_checks import (
+    assert_inductor_launches,
+    assert_op_names_its_kernel,
+    needs_triton,
+    run_under_interpreter,
+)
 
 
 def _inputs(num_tokens, num_heads, head_dim, dtype, seed=0):
@@ -93,32 +98,25 @@ print("ok")
 
 @needs_triton
 def test_compile_sees_the_kernel_for_its_cache_key():
-    """A triton_op names its kernels, so a compiled graph's cache key covers the kernel's source."""
     from mstar.engine.kernels.qk_norm_rotary_triton import qk_norm_rotary_kernel
 
-    found = torch._library.triton.get_triton_kernels_for_op("mstar::qk_norm_rotary")
-    assert found == [qk_norm_rotary_kernel]
+    assert_op_names_its_kernel("mstar::qk_norm_rotary", qk_norm_rotary_kernel)
 
 
 @pytest.mark.gpu
 def test_inductor_launches_the_kernel_from_the_compiled_graph():
-    """Under torch.compile the op is not a call back into Python (0.2 ms of host time each): the
-    output code launches the Triton kernel itself, one graph for every pack length, same values."""
-    from torch._inductor.utils import run_and_get_code
-
+    """Under torch.compile the op is not a call back into Python: the output code launches the
+    Triton kernel itself, one graph for every pack length, same values as the op run eagerly."""
     weight = (torch.rand(128) + 0.5).bfloat16().cuda()
 
     def norm_rotate(x, cos, sin):
         return torch.ops.mstar.qk_norm_rotary(x, weight, cos, sin, 1e-6, "head") * 2
 
-    compiled = torch.compile(norm_rotate, fullgraph=True, dynamic=True)
-    for num_tokens in (300, 517):
-        x, cos, sin, _ = _inputs(num_tokens, 30, 128, torch.bfloat16, seed=num_tokens)
-        x, cos, sin = x.cuda(), cos.cuda(), sin.cuda()
-        got, codes = run_and_get_code(compiled, x, cos, sin)
-        assert torch.equal(got, norm_rotate(x, cos, sin))
-    code = "\n".join(codes)
-    assert "qk_norm_rotary_kernel" in code and "torch.ops.mstar" not in code
+    arg_sets = [
+        tuple(t.cuda() for t in _inputs(num_tokens, 30, 128, torch.bfloat16, seed=num_tokens)[:3])
+        for num_tokens in (300, 517)
+    ]
+    assert_inductor_launches("qk_norm_rotary_kernel", norm_rotate, arg_sets)
 
 
 @pytest.mark.gpu

@@ -18,3 +18,8 @@ def triton_kernels_usable(device: str) -> bool:
         logger.warning("triton_kernels: Triton is not installed; the DiTs keep their PyTorch code")
         return False
     return True
+
+
+def next_power_of_2(n: int) -> int:
+    """The block width a row of n elements takes in a Triton program (tl.arange needs a power of 2)."""
+    return 1 << (n - 1).bit_length()

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch.library import wrap_triton
 
+from mstar.engine.kernels import next_power_of_2
+
 try:  # the op's CPU definition needs no Triton; triton_kernels_usable keeps CUDA from needing it
     from mstar.engine.kernels.gated_residual_norm_triton import gated_residual_rms_norm_kernel
 except ImportError:
@@ -87,14 +89,10 @@ def run_triton(x, y, gate_rows, y_weight, x_weight, scale_rows, token_item, eps:
         x, y, gate_rows, y_weight, x_weight if has_next else y_weight, scale_rows if has_next else gate_rows,
         token_item, x_new, h, gate_rows.stride(0),
         scale_rows.stride(0) if has_next else 0,
-        EPS=eps, DIM=dim, BLOCK=_next_power_of_2(dim), HAS_NEXT=has_next, GATHER=gate_rows.shape[0] > 1,
+        EPS=eps, DIM=dim, BLOCK=next_power_of_2(dim), HAS_NEXT=has_next, GATHER=gate_rows.shape[0] > 1,
         num_warps=8,
     )  # fmt: skip
     return x_new, h
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 # After run_triton: the op names its kernel (for compiled graphs' cache keys) as it is defined.

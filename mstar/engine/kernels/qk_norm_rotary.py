@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch.library import wrap_triton
 
+from mstar.engine.kernels import next_power_of_2
+
 try:  # the op's CPU definition needs no Triton; triton_kernels_usable keeps CUDA from needing it
     from mstar.engine.kernels.qk_norm_rotary_triton import qk_norm_rotary_kernel
 except ImportError:
@@ -72,14 +74,10 @@ def run_triton(x, weight, cos, sin, eps: float, norm_scope: str) -> torch.Tensor
         return out
     wrap_triton(qk_norm_rotary_kernel)[(num_tokens,)](
         x, weight.contiguous(), cos, sin, out, x.stride(0),
-        EPS=eps, NUM_HEADS=num_heads, HEADS_BLOCK=_next_power_of_2(num_heads), HALF_DIM=head_dim // 2,
+        EPS=eps, NUM_HEADS=num_heads, HEADS_BLOCK=next_power_of_2(num_heads), HALF_DIM=head_dim // 2,
         PER_HEAD=norm_scope == "head", num_warps=4,
     )  # fmt: skip
     return out
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 # After run_triton: the op names its kernel (for compiled graphs' cache keys) as it is defined.

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.library import wrap_triton
 
+from mstar.engine.kernels import next_power_of_2
+
 try:  # the op's CPU definition needs no Triton; triton_kernels_usable keeps CUDA from needing it
     from mstar.engine.kernels.residual_layer_norm_triton import residual_layer_norm_kernel
 except ImportError:
@@ -88,15 +90,11 @@ def run_triton(x, y, gate_rows, weight, bias, scale_rows, shift_rows, token_item
     wrap_triton(residual_layer_norm_kernel)[(num_tokens,)](
         x, rows(y), rows(gate_rows), rows(weight), rows(bias), rows(scale_rows), rows(shift_rows),
         token_item, x_new, h,
-        EPS=eps, DIM=dim, BLOCK=_next_power_of_2(dim), HAS_RESIDUAL=has_residual,
+        EPS=eps, DIM=dim, BLOCK=next_power_of_2(dim), HAS_RESIDUAL=has_residual,
         HAS_GATE=gate_rows is not None, AFFINE=weight is not None, MODULATE=scale_rows is not None,
         num_warps=8,
     )  # fmt: skip
     return x_new, h
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 # After run_triton: the op names its kernel (for compiled graphs' cache keys) as it is defined.
