@@ -46,16 +46,11 @@ def inductor_options(mode: str) -> dict[str, Any]:
     """Inductor config patches for a compile mode."""
     import torch._inductor.config as inductor_config
 
-    launch = {}
-    if hasattr(inductor_config, "static_launch_user_defined_triton_kernels"):
-        # our triton_ops' kernels (mstar.engine.kernels) launched as inductor's own are: with
-        # Triton's Python launcher instead, each call costs about 25 us more of host time
-        launch["static_launch_user_defined_triton_kernels"] = True
     if mode == "max-autotune":
-        return {"max_autotune": True, "coordinate_descent_tuning": True, "triton.cudagraphs": False} | launch
+        return {"max_autotune": True, "coordinate_descent_tuning": True, "triton.cudagraphs": False}
     if mode == "default":
-        return {"triton.cudagraphs": False} | launch
-    options = launch | {
+        return {"triton.cudagraphs": False}
+    options = {
         "max_autotune": False,
         "coordinate_descent_tuning": False,
         "triton.cudagraphs": False,

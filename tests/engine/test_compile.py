@@ -101,11 +101,3 @@ def test_the_row_rule_is_in_force_while_inductor_compiles(monkeypatch):
     CompiledFunction(lambda x: x.sum(-1), "deterministic", "rows", persistent_rows=True)(torch.ones(2, 8))
     assert seen["choices"] != "PersistentRowChoices" and "inductor_choices_class" not in seen["patches"]
 
-
-def test_every_mode_launches_our_triton_ops_kernels_as_inductor_launches_its_own():
-    import torch._inductor.config as inductor_config
-
-    if not hasattr(inductor_config, "static_launch_user_defined_triton_kernels"):
-        pytest.skip("this torch launches user-defined kernels with Triton's launcher only")
-    for mode in ("deterministic", "default", "max-autotune"):
-        assert inductor_options(mode)["static_launch_user_defined_triton_kernels"] is True
