@@ -100,4 +100,3 @@ def test_the_row_rule_is_in_force_while_inductor_compiles(monkeypatch):
     torch._dynamo.reset()
     CompiledFunction(lambda x: x.sum(-1), "deterministic", "rows", persistent_rows=True)(torch.ones(2, 8))
     assert seen["choices"] != "PersistentRowChoices" and "inductor_choices_class" not in seen["patches"]
-
