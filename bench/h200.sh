@@ -214,6 +214,18 @@ suite_phase() {  # suite_phase MODEL WORKLOAD COMPILE_SIZES_JSON RESERVE_S SUITE
   return $status
 }
 
+zimage_suite() {  # the Z-Image serving profile every call uses (1024, c=8, company for parity)
+  suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
+    --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
+    -- "${gpu_flags[@]}"
+}
+
+wan_suite() {  # the Wan serving profile every call uses (480p both orientations, c=4, mixed)
+  suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 150 \
+    --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
+    --poll-interval 0.05 -- "${gpu_flags[@]}"
+}
+
 serve_phase() {  # serve_phase MODEL WORKLOAD COMPILE_SIZE CONCURRENCY NUM_REQUESTS [SERVER FLAG...]
   require "${SERVER_MODULES[@]}" av
   local model=$1 workload=$2 size=$3 concurrency=$4 num_requests=$5 log="$out/server-$2.log" started
@@ -245,18 +257,14 @@ case "$phase" in
     guarded gpu-tests 90 env TORCH_LOGS=recompiles python3 -m pytest -q -s -m gpu -p no:cacheprovider \
       -p no:logging tests/runtime/test_step_timer.py tests/models/zimage/test_text_graphs.py \
       tests/models/zimage/test_gpu_vae.py tests/models/wan22/test_dit_text_kv.py tests/models/test_compile_once_gpu.py
-    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
-      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
-      -- "${gpu_flags[@]}" ;;
+    zimage_suite ;;
   call3)  # carry .whl_pack: the API's PNG and MP4 encodes on this host, Z-Image's step profile with
     # inductor's generated code kept (xz) to read its fused kernels, then the Z-Image serving profile
     guarded encode-speed 60 python3 bench/encode_speed.py
     guarded profile 150 env TORCH_LOGS=output_code python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
     xz -T0 "$out/profile.out"
-    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
-      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
-      -- "${gpu_flags[@]}" ;;
+    zimage_suite ;;
   kernels)  # carry .whl_pack: the hand-written kernels' GPU tests, then both DiTs' step profiles
     guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py
     guarded profile 300 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile --workloads zimage-1024-b1,wan-480p-cfg \
@@ -269,18 +277,14 @@ case "$phase" in
         -o "$out/profile-kernels-$kernels.json"
     done
     export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran
-    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
-      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
-      -- "${gpu_flags[@]}" ;;
+    zimage_suite ;;
   call6)  # carry .whl_pack: the kernels' GPU tests, Z-Image's step profile, the Z-Image suite
     guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py \
       tests/engine/test_gated_residual_norm.py
     guarded profile 150 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
     export EXTRA_CONFIG="triton_kernels: true"  # off by default since these runs (host time per call)
-    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
-      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
-      -- "${gpu_flags[@]}" ;;
+    zimage_suite ;;
   call7)  # carry .whl_pack: the kernels as triton_ops (inductor launches them): their GPU tests, then
     # both DiTs' step profiles with and without them on one machine, Z-Image at 1024 and 512 (host time)
     guarded gpu-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py \
@@ -296,14 +300,10 @@ case "$phase" in
       --workloads zimage-1024-b1,zimage-512-b1,wan-480p-cfg --compile-modes deterministic \
       --attention-backend fa3 -o "$out/profile-kernels-static.json"
     export EXTRA_CONFIG="triton_kernels: true"
-    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
-      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
-      -- "${gpu_flags[@]}" ;;
+    zimage_suite ;;
   call9)  # carry .whl_pack: the Wan serving profile with the kernels launched statically (cold boot)
     export EXTRA_CONFIG="triton_kernels: true"
-    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 150 \
-      --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
-      --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
+    wan_suite ;;
   call10)  # carry .whl_pack: Z-Image at 512x512, where host time may bound a step: kernels off, then on
     for kernels in false true; do
       export EXTRA_CONFIG="triton_kernels: $kernels"
@@ -312,9 +312,7 @@ case "$phase" in
       for kind in json md out; do mv "$out/suite-zimage-512.$kind" "$out/suite-zimage-512-kernels-$kernels.$kind"; done
     done ;;
   call11)  # carry .whl_pack: the Z-Image suite at the defaults (kernels off), for call8's figures with them
-    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
-      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
-      -- "${gpu_flags[@]}" ;;
+    zimage_suite ;;
   call12)  # carry .whl_pack: Wan's residual + LayerNorm kernel: its GPU tests, then Wan's step profile
     # without and with the kernels on one machine
     guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_residual_layer_norm.py
@@ -326,9 +324,7 @@ case "$phase" in
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran
-    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 150 \
-      --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
-      --poll-interval 0.05 -- "${gpu_flags[@]}"
+    wan_suite
     for kind in json md out; do mv "$out/suite-wan-480p-t2v.$kind" "$out/suite-wan-480p-t2v-resident.$kind"; done
     mv "$out/server-wan-480p-t2v.log" "$out/server-wan-480p-t2v-resident.log"
     export EXTRA_CONFIG=$'offload_text_encoder: true\ntriton_kernels: true'
@@ -362,9 +358,7 @@ case "$phase" in
     done
     unset MSTAR_TRACE_TENSORS ;;
   serve-zimage-suite)  # the serving part of call1 alone
-    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 45 \
-      --num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0 --company-sizes 768x1024,768x1024 \
-      -- "${gpu_flags[@]}" ;;
+    zimage_suite ;;
   call2)
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 60 \
       --sizes 832x480,480x832 --num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 8 \
