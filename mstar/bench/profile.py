@@ -27,6 +27,7 @@ KIND_PATTERNS = (
     ("copy", ("copy", "cat", "elementwise_kernel_with_index")),
 )
 NUM_TOP_KERNELS = 25
+NUM_TOP_HOST_FUNCTIONS = 30
 
 
 def kernel_kind(name: str) -> str:
@@ -79,8 +80,38 @@ def _profile(fn, num_steps: int, device: str) -> list[tuple[str, float]]:
     return kernels
 
 
+def host_profile(fn, num_steps: int) -> list[dict[str, Any]]:
+    """Python's profiler over `num_steps` calls of fn (no sync: what launching a step costs the host):
+    the functions with the most own time, per step."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(num_steps):
+        fn()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, prim calls, own s, cum s, callers)}
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:NUM_TOP_HOST_FUNCTIONS]
+    return [
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "calls_per_step": calls / num_steps,
+            "own_ms_per_step": own_s * 1000 / num_steps,
+            "cumulative_ms_per_step": cumulative_s * 1000 / num_steps,
+        }
+        for (file, line, name), (calls, _, own_s, cumulative_s, _) in rows
+    ]
+
+
 def profile_family(
-    names: list[str], mode: str, backend: str, num_timed: int, num_profiled: int, device: str = "cuda"
+    names: list[str],
+    mode: str,
+    backend: str,
+    num_timed: int,
+    num_profiled: int,
+    device: str = "cuda",
+    num_host_profiled: int = 0,
 ) -> list[dict]:
     """Workloads of one family on one build of our DiT (one compile, the pack length dynamic)."""
     import torch
@@ -105,6 +136,8 @@ def profile_family(
         try:
             timing = time_forward(step, num_warmup=3, num_timed=num_timed, device=device)
             summary = summarize_kernels(_profile(step, num_profiled, device), num_profiled)
+            if num_host_profiled:
+                summary["host_functions"] = host_profile(step, num_host_profiled)
         except Exception as error:  # one failing workload keeps the others' figures
             results.append(
                 {"workload": name, "compile_mode": mode, "error": f"{type(error).__name__}: {error}"}
@@ -188,13 +221,32 @@ def result_markdown(runs: list[dict]) -> str:
             for k in run["top_kernels"]
         ]
         lines.append("")
+        lines += host_markdown(run.get("host_functions", []))
     return "\n".join(lines)
+
+
+def host_markdown(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["| host function | calls/step | own ms/step | cumulative ms/step |", "|---|---|---|---|"]
+    lines += [
+        f"| `{r['function'][:90]}` | {r['calls_per_step']:.0f} | {r['own_ms_per_step']:.3f}"
+        f" | {r['cumulative_ms_per_step']:.3f} |"
+        for r in rows
+    ]
+    return lines + [""]
 
 
 def _profile_or_errors(names: list[str], mode: str, args: argparse.Namespace) -> list[dict]:
     try:
         return profile_family(
-            names, mode, args.attention_backend, args.num_timed, args.num_profiled, args.device
+            names,
+            mode,
+            args.attention_backend,
+            args.num_timed,
+            args.num_profiled,
+            args.device,
+            args.num_host_profiled,
         )
     except Exception as error:  # a failed build keeps the other families' figures
         return [
@@ -209,6 +261,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--num-timed", type=int, default=10)
     parser.add_argument("--num-profiled", type=int, default=3)
+    parser.add_argument(
+        "--num-host-profiled", type=int, default=0, help="steps under cProfile: the host's own time"
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the tool (tiny-* workloads)")
     parser.add_argument("--gemms", action="store_true", help="first, the step's GEMM shapes alone")
     parser.add_argument("-o", "--output", default="bench-results/profile.json")

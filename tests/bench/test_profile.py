@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mstar.bench.profile import kernel_kind, main, summarize_kernels
+from mstar.bench.profile import host_profile, kernel_kind, main, summarize_kernels
 
 
 def test_kernels_are_grouped_by_kind_per_step():
@@ -27,8 +27,26 @@ def test_cpu_dry_run_writes_timings_for_each_workload(tmp_path):
     output = tmp_path / "profile.json"
     argv = ["--device", "cpu", "--workloads", "tiny-wan-cfg,tiny-zimage-c2", "--compile-modes", "off"]
     argv += ["--attention-backend", "torch", "--num-timed", "1", "--num-profiled", "1", "-o", str(output)]
+    argv += ["--num-host-profiled", "1"]
     assert main(argv) == 0
     runs = json.loads(output.read_text())["runs"]
     assert [run["workload"] for run in runs] == ["tiny-wan-cfg", "tiny-zimage-c2"]
     assert all(run["median_ms"] > 0 and "error" not in run for run in runs)
+    assert all(run["host_functions"] for run in runs)
     assert output.with_suffix(".md").read_text().count("###") == 2
+
+
+def _busy_leaf(num_rounds: int) -> int:
+    return sum(i * i for i in range(num_rounds))
+
+
+def test_host_profile_names_the_functions_that_take_the_host_time():
+    def step():
+        for _ in range(3):
+            _busy_leaf(20_000)
+
+    rows = host_profile(step, num_steps=2)
+    leaf = next(row for row in rows if row["function"].endswith("(_busy_leaf)"))
+    assert leaf["calls_per_step"] == 3
+    assert leaf["cumulative_ms_per_step"] >= leaf["own_ms_per_step"] > 0
+    assert rows == sorted(rows, key=lambda row: -row["own_ms_per_step"])
