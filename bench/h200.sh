@@ -58,6 +58,7 @@
 #  call12: carry .whl_pack; Wan's residual + LayerNorm kernel: GPU tests, step profile A/B.
 #  call13: carry .whl_pack; where the host time goes with the kernels: the kernels' GPU tests, then
 #          Wan 480p and Z-Image 512 step profiles off and on with cProfile (inductor's code kept, xz).
+#  call14: carry .whl_pack; the same profiles with the host's wall / thread CPU / process CPU split.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
@@ -65,7 +66,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|call12|call13|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|call12|call13|call14|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -87,7 +88,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | call12 | call13 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | call12 | call13 | call14 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -332,6 +333,13 @@ case "$phase" in
         python3 -m mstar.bench.profile --workloads zimage-512-b1,wan-480p-cfg --compile-modes deterministic \
         --attention-backend fa3 --num-host-profiled 3 -o "$out/profile-host-kernels-$kernels.json"
       xz -T0 "$out/profile-host-kernels-$kernels.out"
+    done ;;
+  call14)  # carry .whl_pack: call13's profiles (no inductor code) with the host's CPU split: does the
+    # host wait, or work, or do other threads take the CPU while a step launches with the kernels?
+    for kernels in 0 1; do
+      guarded "profile-cpu-kernels-$kernels" 190 env MSTAR_TRITON_KERNELS=$kernels python3 -m mstar.bench.profile \
+        --workloads zimage-512-b1,wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
+        --num-host-profiled 3 -o "$out/profile-cpu-kernels-$kernels.json"
     done ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded

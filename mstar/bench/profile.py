@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,17 +81,19 @@ def _profile(fn, num_steps: int, device: str) -> list[tuple[str, float]]:
     return kernels
 
 
-def host_profile(fn, num_steps: int) -> list[dict[str, Any]]:
-    """Python's profiler over `num_steps` calls of fn (no sync: what launching a step costs the host):
-    the functions with the most own time, per step."""
+def host_profile(fn, num_steps: int, sync: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+    """Python's profiler over `num_steps` calls of fn, each started with the GPU's queue empty (sync
+    outside the profiler): the functions with the most own time launching a step, per step."""
     import cProfile
     import pstats
 
     profiler = cProfile.Profile()
-    profiler.enable()
     for _ in range(num_steps):
+        sync()
+        profiler.enable()
         fn()
-    profiler.disable()
+        profiler.disable()
+    sync()
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, prim calls, own s, cum s, callers)}
     rows = sorted(stats.items(), key=lambda item: -item[1][2])[:NUM_TOP_HOST_FUNCTIONS]
     return [
@@ -102,6 +105,32 @@ def host_profile(fn, num_steps: int) -> list[dict[str, Any]]:
         }
         for (file, line, name), (calls, _, own_s, cumulative_s, _) in rows
     ]
+
+
+def host_cpu_split(fn, num_steps: int, sync: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Launching a step (queue empty, no profiler): wall ms against the CPU ms of this thread and of
+    the whole process (medians). Wall above this thread's CPU: it waited (a lock, the GPU's queue);
+    process above thread: other threads were busy meanwhile. And the process's threads by name."""
+    import threading
+    import time
+
+    from mstar.bench.stats import median
+
+    wall, thread_cpu, process_cpu = [], [], []
+    for _ in range(num_steps):
+        sync()
+        begin = time.perf_counter(), time.thread_time(), time.process_time()
+        fn()
+        end = time.perf_counter(), time.thread_time(), time.process_time()
+        for series, first, last in zip((wall, thread_cpu, process_cpu), begin, end, strict=True):
+            series.append((last - first) * 1000)
+    sync()
+    return {
+        "wall_ms": median(wall),
+        "thread_cpu_ms": median(thread_cpu),
+        "process_cpu_ms": median(process_cpu),
+        "threads": sorted(thread.name for thread in threading.enumerate()),
+    }
 
 
 def profile_family(
@@ -137,7 +166,9 @@ def profile_family(
             timing = time_forward(step, num_warmup=3, num_timed=num_timed, device=device)
             summary = summarize_kernels(_profile(step, num_profiled, device), num_profiled)
             if num_host_profiled:
-                summary["host_functions"] = host_profile(step, num_host_profiled)
+                sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+                summary["host_cpu"] = host_cpu_split(step, max(num_host_profiled, 5), sync)
+                summary["host_functions"] = host_profile(step, num_host_profiled, sync)
         except Exception as error:  # one failing workload keeps the others' figures
             results.append(
                 {"workload": name, "compile_mode": mode, "error": f"{type(error).__name__}: {error}"}
@@ -221,6 +252,14 @@ def result_markdown(runs: list[dict]) -> str:
             for k in run["top_kernels"]
         ]
         lines.append("")
+        if "host_cpu" in run:
+            cpu = run["host_cpu"]
+            lines += [
+                f"host, launching a step: wall {cpu['wall_ms']:.2f} ms, this thread's CPU"
+                f" {cpu['thread_cpu_ms']:.2f} ms, the process's CPU {cpu['process_cpu_ms']:.2f} ms;"
+                f" threads: {', '.join(cpu['threads'])}",
+                "",
+            ]
         lines += host_markdown(run.get("host_functions", []))
     return "\n".join(lines)
 

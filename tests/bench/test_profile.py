@@ -1,10 +1,12 @@
 """The profile tool: kernels grouped by kind per step, and a CPU dry run end to end."""
 
 import json
+import threading
+import time
 
 import pytest
 
-from mstar.bench.profile import host_profile, kernel_kind, main, summarize_kernels
+from mstar.bench.profile import host_cpu_split, host_profile, kernel_kind, main, summarize_kernels
 
 
 def test_kernels_are_grouped_by_kind_per_step():
@@ -32,7 +34,7 @@ def test_cpu_dry_run_writes_timings_for_each_workload(tmp_path):
     runs = json.loads(output.read_text())["runs"]
     assert [run["workload"] for run in runs] == ["tiny-wan-cfg", "tiny-zimage-c2"]
     assert all(run["median_ms"] > 0 and "error" not in run for run in runs)
-    assert all(run["host_functions"] for run in runs)
+    assert all(run["host_functions"] and run["host_cpu"]["wall_ms"] > 0 for run in runs)
     assert output.with_suffix(".md").read_text().count("###") == 2
 
 
@@ -50,3 +52,20 @@ def test_host_profile_names_the_functions_that_take_the_host_time():
     assert leaf["calls_per_step"] == 3
     assert leaf["cumulative_ms_per_step"] >= leaf["own_ms_per_step"] > 0
     assert rows == sorted(rows, key=lambda row: -row["own_ms_per_step"])
+
+
+def test_host_cpu_split_tells_waiting_from_working():
+    syncs = []
+
+    def waits():
+        time.sleep(0.02)
+
+    def works():
+        _busy_leaf(200_000)
+
+    waiting = host_cpu_split(waits, num_steps=3, sync=lambda: syncs.append(1))
+    working = host_cpu_split(works, num_steps=3)
+    assert waiting["wall_ms"] >= 20 and waiting["thread_cpu_ms"] < 5
+    assert working["thread_cpu_ms"] > 0.5 * working["wall_ms"]
+    assert len(syncs) == 4  # before each step, and once after
+    assert threading.current_thread().name in waiting["threads"]
