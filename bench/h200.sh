@@ -59,6 +59,8 @@
 #  call13: carry .whl_pack; where the host time goes with the kernels: the kernels' GPU tests, then
 #          Wan 480p and Z-Image 512 step profiles off and on with cProfile (inductor's code kept, xz).
 #  call14: carry .whl_pack; the same profiles with the host's wall / thread CPU / process CPU split.
+#  call15: carry .whl_pack; the Z-Image suite at the defaults (kernels on), then a second fresh
+#          server's first image: the same bytes as the first server's?
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
@@ -66,7 +68,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|call12|call13|call14|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|call12|call13|call14|call15|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -88,7 +90,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | call12 | call13 | call14 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | call12 | call13 | call14 | call15 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -341,6 +343,15 @@ case "$phase" in
         --workloads zimage-512-b1,wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
         --num-host-profiled 3 -o "$out/profile-cpu-kernels-$kernels.json"
     done ;;
+  call15)  # carry .whl_pack: the Z-Image suite at the defaults (triton_kernels on since this call),
+    # then a second fresh server (deterministic mode): its first image against the first server's
+    zimage_suite
+    for kind in json md out; do mv "$out/suite-zimage-1024.$kind" "$out/suite-zimage-1024-first.$kind"; done
+    suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 20 \
+      --num-steady 1 --high-concurrency 8 --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}"
+    python3 -c "import json, sys; a, b = (json.load(open(p))['cold']['media_sha256'] for p in sys.argv[1:])
+print('two fresh servers, first image:', 'identical bytes' if a == b else 'DIFFERENT', a[:16], b[:16])" \
+      "$out/suite-zimage-1024-first.json" "$out/suite-zimage-1024.json" | tee "$out/fresh-servers.txt" ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran

@@ -71,11 +71,11 @@ class ServerConfig(BaseModel):
     # CUDA only (the CPU path stays the plain reference). False to A/B it or rule it out.
     fuse_projections: bool = True
     # hand-written Triton kernels where inductor's are slow (mstar/engine/kernels: the DiTs' q/k RMS
-    # norm + rotary, both DiTs' residual updates + next norms); CUDA with fuse_projections. Off by
-    # default: on the H200 they make large steps 3-5% faster on the GPU (Z-Image 1024x1024: 88.6
-    # against 91.5 ms a step in the server; Wan's 480p guidance pair: 119.9 against 123.7 in the
-    # step profile) but small ones slower (Z-Image 512x512: 26.3 against 24.2 ms, host-bound).
-    triton_kernels: bool = False
+    # norm + rotary, both DiTs' residual updates + next norms); CUDA with fuse_projections and Triton
+    # installed (without Triton: one warning, the PyTorch code). On the H200, served at c=1: Z-Image
+    # 1024x1024 88.6 against 91.5 ms a step, 512x512 23.3 against 24.5; Wan's 480p guidance pair
+    # 119.0 against 121.4 (q/k kernel only; 123.7 without any in the step profile). False to A/B.
+    triton_kernels: bool = True
     max_tokens_per_step: int = Field(131072, ge=1)
     max_batch_size: int = Field(8, ge=1)
     # prompt embeddings kept on the text encoder's device for texts that come back (0: off)

@@ -112,7 +112,7 @@ def build_ours(
     dit = cast_parameters(dit.to(device=device), dtype, keep_fp32).eval().requires_grad_(False)
     if hasattr(dit, "fuse_projections") and fuse_projections_enabled(device):
         dit.fuse_projections()  # after loading diffusers' keys, before compile (as the server does)
-        if hasattr(dit, "use_qk_kernel") and triton_kernels_enabled():
+        if hasattr(dit, "use_qk_kernel") and triton_kernels_enabled(device):
             dit.use_qk_kernel()
             if hasattr(dit, "use_norm_kernel"):
                 dit.use_norm_kernel()
@@ -147,12 +147,16 @@ def _keep_text_state(dit: Any, attn: Any, item: Any, raw: dict, kept: dict[int, 
         item.refined_caption = kept[key]
 
 
-def triton_kernels_enabled() -> bool:
-    """MSTAR_TRITON_KERNELS=1 uses the hand-written kernels where projections are fused (off by
-    default, as ServerConfig.triton_kernels)."""
-    setting = os.environ.get(TRITON_KERNELS_ENV, "0")
-    if setting not in ("0", "1"):
+def triton_kernels_enabled(device: str) -> bool:
+    """MSTAR_TRITON_KERNELS=1 uses the hand-written kernels where projections are fused (on the CPU:
+    the ops' PyTorch definitions), =0 never; unset: ServerConfig's rule (CUDA with Triton)."""
+    setting = os.environ.get(TRITON_KERNELS_ENV, "")
+    if setting not in ("", "0", "1"):
         raise ValueError(f"{TRITON_KERNELS_ENV} must be 0 or 1, got '{setting}'")
+    if setting == "":
+        from mstar.engine.kernels import triton_kernels_usable
+
+        return triton_kernels_usable(device)
     return setting == "1"
 
 

@@ -136,6 +136,23 @@ def test_fuse_projections_switch(monkeypatch):
         fuse_projections_enabled("cuda")
 
 
+def test_triton_kernels_switch_follows_the_server_rule_unless_set(monkeypatch):
+    from mstar.bench import ours
+    from mstar.engine import kernels
+
+    monkeypatch.delenv("MSTAR_TRITON_KERNELS", raising=False)
+    assert not ours.triton_kernels_enabled("cpu")  # the server's rule: CUDA with Triton
+    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: object())
+    assert ours.triton_kernels_enabled("cuda:0")
+    monkeypatch.setenv("MSTAR_TRITON_KERNELS", "0")
+    assert not ours.triton_kernels_enabled("cuda:0")
+    monkeypatch.setenv("MSTAR_TRITON_KERNELS", "1")
+    assert ours.triton_kernels_enabled("cpu")
+    monkeypatch.setenv("MSTAR_TRITON_KERNELS", "on")
+    with pytest.raises(ValueError, match="MSTAR_TRITON_KERNELS"):
+        ours.triton_kernels_enabled("cuda")
+
+
 def test_step_skip_diffusers_times_ours_alone_even_where_importable(tmp_path):
     if not _ours_importable("mstar.models.zimage.dit"):
         pytest.skip("our Z-Image DiT has not landed")
