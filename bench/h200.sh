@@ -61,6 +61,7 @@
 #  call14: carry .whl_pack; the same profiles with the host's wall / thread CPU / process CPU split.
 #  call15: carry .whl_pack; the Z-Image suite at the defaults (kernels on), then a second fresh
 #          server's first image: the same bytes as the first server's?
+#  call16: carry .whl_pack; Wan's DiT step at the defaults (kernels on): 480p guidance pair, 720p.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
@@ -68,7 +69,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|call12|call13|call14|call15|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -90,7 +91,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | call12 | call13 | call14 | call15 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | call12 | call13 | call14 | call15 | call16 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -352,6 +353,8 @@ case "$phase" in
     python3 -c "import json, sys; a, b = (json.load(open(p))['cold']['media_sha256'] for p in sys.argv[1:])
 print('two fresh servers, first image:', 'identical bytes' if a == b else 'DIFFERENT', a[:16], b[:16])" \
       "$out/suite-zimage-1024-first.json" "$out/suite-zimage-1024.json" | tee "$out/fresh-servers.txt" ;;
+  call16)  # carry .whl_pack: Wan's DiT step at the defaults (the kernels on): both step targets
+    our_step wan wan-480p-cfg,wan-720p-b1 400 ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran
