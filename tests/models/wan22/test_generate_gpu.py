@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mstar.config import ServerConfig
+from mstar.engine.kernels import triton_kernels_usable
 from mstar.graph import BuildContext, GenerationParams, Loop, RequestState
 from mstar.models.wan22.model import Wan22Spec
 
@@ -36,7 +37,11 @@ def test_random_weights_text_to_video_on_gpu():
     requests = [
         RequestState(f"r{i}", spec.validate(GenerationParams(**f, seed=i))) for i, f in enumerate(fields)
     ]
-    assert nodes["dit"].denoiser.dit.projections_fused  # ServerConfig.fuse_projections: on for CUDA
+    dit = nodes["dit"].denoiser.dit
+    assert dit.projections_fused  # ServerConfig.fuse_projections: on for CUDA
+    # ServerConfig.triton_kernels: on where Triton is installed, so this runs the kernels eagerly
+    kernels = triton_kernels_usable("cuda")
+    assert dit.blocks[0].norm_kernel == kernels and dit.blocks[0].attn1.qk_kernel == kernels
     _run_stage(nodes["text_encoder"], requests)
     for stage in spec.walks["t2v"].stages:
         _run_stage(nodes[stage.node if isinstance(stage, Loop) else stage], requests)
