@@ -46,30 +46,25 @@
 #         Wan at c=1 with offload_text_encoder (peak memory, the prompt's cost).
 #  confirm / probe-repeat: carry .whl_pack; Wan's cold request against its repeats (probe-repeat
 #         with MSTAR_TRACE_TENSORS: where two runs of a prompt and seed part ways, eager and compiled).
-#  kernels: carry .whl_pack; the Triton kernels' GPU tests and the two DiT step profiles.
 #  call4: carry .whl_pack; Wan's serving profile, then Wan with offload_text_encoder (peaks).
-#  call5: carry .whl_pack; an A/B of the q/k kernel in both DiTs' step profiles, the Z-Image suite.
-#  call6: carry .whl_pack; the kernels' GPU tests, Z-Image's profile and suite.
-#  call7: carry .whl_pack; the kernels as triton_ops: GPU tests, A/B step profiles (Z-Image 1024, 512; Wan).
-#  call8: carry .whl_pack; the kernels launched statically: step profiles, the Z-Image suite.
-#  call9: carry .whl_pack; the Wan suite with the kernels launched statically.
+#  call7: carry .whl_pack; the kernels: GPU tests, A/B step profiles (Z-Image 1024, 512; Wan).
+#  call9: carry .whl_pack; the Wan suite at the defaults.
 #  call10: carry .whl_pack; Z-Image suites at 512x512 with the kernels off and on.
-#  call11: carry .whl_pack; the Z-Image suite at the defaults.
-#  call12: carry .whl_pack; Wan's residual + LayerNorm kernel: GPU tests, step profile A/B.
-#  call13: carry .whl_pack; where the host time goes with the kernels: the kernels' GPU tests, then
-#          Wan 480p and Z-Image 512 step profiles off and on with cProfile (inductor's code kept, xz).
-#  call14: carry .whl_pack; the same profiles with the host's wall / thread CPU / process CPU split.
+#  call14: carry .whl_pack; Wan 480p and Z-Image 512 step profiles, kernels off and on, with the
+#          host's side: cProfile, and wall / thread CPU / process CPU while a step launches.
 #  call15: carry .whl_pack; the Z-Image suite at the defaults (kernels on), then a second fresh
 #          server's first image: the same bytes as the first server's?
 #  call16: carry .whl_pack; Wan's DiT step at the defaults (kernels on): 480p guidance pair, 720p.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
+# Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
+# history; each run in docs/benchmarks.md names the commit it ran.
 # `profile` alone: the kernel profiles in two compile modes and Z-Image's stages (carry .whl_fa3).
 # The serving profile is `mstar bench serve-suite` (mstar/bench/serve_suite.py) right after /ready:
 # cold request, steady c=1, high c, mixed sizes, recompiles from /metrics, same-seed parity.
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call5|call6|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|kernels|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -91,7 +86,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | kernels | call5 | call6 | call7 | call8 | call9 | call10 | call11 | call12 | call13 | call14 | call15 | call16 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -271,44 +266,16 @@ case "$phase" in
       --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
     xz -T0 "$out/profile.out"
     zimage_suite ;;
-  kernels)  # carry .whl_pack: the hand-written kernels' GPU tests, then both DiTs' step profiles
-    guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py
-    guarded profile 300 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile --workloads zimage-1024-b1,wan-480p-cfg \
-      --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json" ;;
-  call5)  # carry .whl_pack: both DiTs' step profiles with and without the Triton q/k kernel on one
-    # machine (an A/B), then the Z-Image serving profile
-    for kernels in 0 1; do
-      guarded "profile-kernels-$kernels" 150 env MSTAR_TRITON_KERNELS=$kernels python3 -m mstar.bench.profile \
-        --workloads zimage-1024-b1,wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
-        -o "$out/profile-kernels-$kernels.json"
-    done
-    export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran
-    zimage_suite ;;
-  call6)  # carry .whl_pack: the kernels' GPU tests, Z-Image's step profile, the Z-Image suite
-    guarded gpu-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py \
-      tests/engine/test_gated_residual_norm.py
-    guarded profile 150 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile --workloads zimage-1024-b1 \
-      --compile-modes deterministic --attention-backend fa3 -o "$out/profile.json"
-    export EXTRA_CONFIG="triton_kernels: true"  # off by default since these runs (host time per call)
-    zimage_suite ;;
-  call7)  # carry .whl_pack: the kernels as triton_ops (inductor launches them): their GPU tests, then
+  call7)  # carry .whl_pack: the kernels (triton_ops: inductor launches them): their GPU tests, then
     # both DiTs' step profiles with and without them on one machine, Z-Image at 1024 and 512 (host time)
     guarded gpu-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py \
-      tests/engine/test_gated_residual_norm.py
+      tests/engine/test_gated_residual_norm.py tests/engine/test_residual_layer_norm.py
     for kernels in 0 1; do
       guarded "profile-kernels-$kernels" 200 env MSTAR_TRITON_KERNELS=$kernels python3 -m mstar.bench.profile \
         --workloads zimage-1024-b1,zimage-512-b1,wan-480p-cfg --compile-modes deterministic \
         --attention-backend fa3 -o "$out/profile-kernels-$kernels.json"
     done ;;
-  call8)  # carry .whl_pack: the triton_ops' kernels launched statically: step profiles with them, then
-    # the Z-Image suite with them
-    guarded profile-kernels-static 150 env MSTAR_TRITON_KERNELS=1 python3 -m mstar.bench.profile \
-      --workloads zimage-1024-b1,zimage-512-b1,wan-480p-cfg --compile-modes deterministic \
-      --attention-backend fa3 -o "$out/profile-kernels-static.json"
-    export EXTRA_CONFIG="triton_kernels: true"
-    zimage_suite ;;
-  call9)  # carry .whl_pack: the Wan serving profile with the kernels launched statically (cold boot)
-    export EXTRA_CONFIG="triton_kernels: true"
+  call9)  # carry .whl_pack: the Wan serving profile at the defaults (cold boot)
     wan_suite ;;
   call10)  # carry .whl_pack: Z-Image at 512x512, where host time may bound a step: kernels off, then on
     for kernels in false true; do
@@ -317,28 +284,9 @@ case "$phase" in
         --num-steady 5 --high-concurrency 4 --num-high 8 --num-mixed 0 -- "${gpu_flags[@]}"
       for kind in json md out; do mv "$out/suite-zimage-512.$kind" "$out/suite-zimage-512-kernels-$kernels.$kind"; done
     done ;;
-  call11)  # carry .whl_pack: the Z-Image suite at the defaults (kernels off), for call8's figures with them
-    zimage_suite ;;
-  call12)  # carry .whl_pack: Wan's residual + LayerNorm kernel: its GPU tests, then Wan's step profile
-    # without and with the kernels on one machine
-    guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_residual_layer_norm.py
-    for kernels in 0 1; do
-      guarded "profile-wan-kernels-$kernels" 100 env MSTAR_TRITON_KERNELS=$kernels python3 -m mstar.bench.profile \
-        --workloads wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
-        -o "$out/profile-wan-kernels-$kernels.json"
-    done ;;
-  call13)  # carry .whl_pack: where a step's host time goes with the kernels on: their GPU tests, then
-    # Wan's and Z-Image 512's step profiles off and on, three steps under cProfile each
-    guarded gpu-tests 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_qk_norm_rotary.py \
-      tests/engine/test_gated_residual_norm.py tests/engine/test_residual_layer_norm.py
-    for kernels in 0 1; do
-      guarded "profile-host-kernels-$kernels" 190 env MSTAR_TRITON_KERNELS=$kernels TORCH_LOGS=output_code \
-        python3 -m mstar.bench.profile --workloads zimage-512-b1,wan-480p-cfg --compile-modes deterministic \
-        --attention-backend fa3 --num-host-profiled 3 -o "$out/profile-host-kernels-$kernels.json"
-      xz -T0 "$out/profile-host-kernels-$kernels.out"
-    done ;;
-  call14)  # carry .whl_pack: call13's profiles (no inductor code) with the host's CPU split: does the
-    # host wait, or work, or do other threads take the CPU while a step launches with the kernels?
+  call14)  # carry .whl_pack: Wan's and Z-Image 512's step profiles, kernels off and on, each with three
+    # steps under cProfile and the host's CPU split: does the host wait, work, or do other threads take
+    # the CPU while a step launches? (TORCH_LOGS=output_code in the environment keeps inductor's code.)
     for kernels in 0 1; do
       guarded "profile-cpu-kernels-$kernels" 190 env MSTAR_TRITON_KERNELS=$kernels python3 -m mstar.bench.profile \
         --workloads zimage-512-b1,wan-480p-cfg --compile-modes deterministic --attention-backend fa3 \
@@ -357,11 +305,10 @@ print('two fresh servers, first image:', 'identical bytes' if a == b else 'DIFFE
     our_step wan wan-480p-cfg,wan-720p-b1 400 ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
-    export EXTRA_CONFIG="triton_kernels: true"  # the default when this ran
     wan_suite
     for kind in json md out; do mv "$out/suite-wan-480p-t2v.$kind" "$out/suite-wan-480p-t2v-resident.$kind"; done
     mv "$out/server-wan-480p-t2v.log" "$out/server-wan-480p-t2v-resident.log"
-    export EXTRA_CONFIG=$'offload_text_encoder: true\ntriton_kernels: true'
+    export EXTRA_CONFIG="offload_text_encoder: true"
     suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33", "480x832x33"]' 30 --sizes 832x480 \
       --num-steady 3 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}"
     for kind in json md out; do mv "$out/suite-wan-480p-t2v.$kind" "$out/suite-wan-480p-t2v-offload.$kind"; done
