@@ -147,25 +147,29 @@ def _keep_text_state(dit: Any, attn: Any, item: Any, raw: dict, kept: dict[int, 
         item.refined_caption = kept[key]
 
 
+def _env_switch(name: str) -> bool | None:
+    """An on/off environment switch: "1" on, "0" off, unset or empty None (the caller's default)."""
+    setting = os.environ.get(name, "")
+    if setting not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got '{setting}'")
+    return None if setting == "" else setting == "1"
+
+
 def triton_kernels_enabled(device: str) -> bool:
     """MSTAR_TRITON_KERNELS=1 uses the hand-written kernels where projections are fused (on the CPU:
     the ops' PyTorch definitions), =0 never; unset: ServerConfig's rule (CUDA with Triton)."""
-    setting = os.environ.get(TRITON_KERNELS_ENV, "")
-    if setting not in ("", "0", "1"):
-        raise ValueError(f"{TRITON_KERNELS_ENV} must be 0 or 1, got '{setting}'")
-    if setting == "":
-        from mstar.engine.kernels import triton_kernels_usable
+    switch = _env_switch(TRITON_KERNELS_ENV)
+    if switch is not None:
+        return switch
+    from mstar.engine.kernels import triton_kernels_usable
 
-        return triton_kernels_usable(device)
-    return setting == "1"
+    return triton_kernels_usable(device)
 
 
 def fuse_projections_enabled(device: str) -> bool:
     """MSTAR_FUSE_PROJECTIONS=1 fuses anywhere, =0 never; unset: on CUDA only (ServerConfig's rule)."""
-    setting = os.environ.get(FUSE_PROJECTIONS_ENV, "")
-    if setting not in ("", "0", "1"):
-        raise ValueError(f"{FUSE_PROJECTIONS_ENV} must be 0 or 1, got '{setting}'")
-    return setting == "1" or (setting == "" and str(device).startswith("cuda"))
+    switch = _env_switch(FUSE_PROJECTIONS_ENV)
+    return str(device).startswith("cuda") if switch is None else switch
 
 
 def _apply_compile_mode(dit: Any, compile_mode: str) -> None:
