@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import threading
 from typing import Any
 
 from mstar.errors import InvalidParam
@@ -56,37 +57,111 @@ def encode_image(frame: Any, output_format: str = "png", quality: int | None = N
     return buffer.getvalue()
 
 
-def encode_mp4(frames: Any, fps: int) -> bytes:
-    """uint8 frames [F, H, W, 3] to an H.264 MP4 (yuv420p, so odd sizes are padded by one pixel)."""
-    import av
-    import numpy as np
+# x264's own thread count, fixed: left to PyAV it follows the machine's cores, and x264's output
+# bytes depend on its thread count, so the same frames gave other MP4 bytes on another machine.
+MP4_ENCODE_THREADS = 4
 
-    frames = _as_uint8_frames(frames)
-    if fps <= 0:
-        raise ValueError(f"fps must be positive, got {fps}")
-    num_frames, height, width, _ = frames.shape
-    # yuv420p needs even sides; pad by edge replication rather than crop so no content is lost.
-    pad_h, pad_w = height % 2, width % 2
-    if pad_h or pad_w:
-        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=int(fps))
-        stream.width, stream.height = width + pad_w, height + pad_h
+
+class Mp4Writer:
+    """An H.264 MP4 (yuv420p) written piece by piece: frames are encoded as they come, so a clip's
+    encode overlaps its decode; `finish()` flushes and returns the bytes. The same frames give the
+    same bytes however they are split into pieces. Odd sides are padded by one pixel (edge copy).
+
+        writer = Mp4Writer(fps=16)
+        writer.write(frames_0_to_4)   # uint8 [f, H, W, 3]
+        writer.write(frames_5_to_8)
+        data = writer.finish()        # or writer.close() to drop it (a failed request)
+    """
+
+    def __init__(self, fps: int):
+        if fps <= 0:
+            raise ValueError(f"fps must be positive, got {fps}")
+        self.fps = int(fps)
+        self._lock = threading.Lock()  # one call at a time: a close may come while a write runs
+        self.num_frames = 0
+        self._buffer = io.BytesIO()
+        self._container: Any = None
+        self._stream: Any = None
+        self._size: tuple[int, int] | None = None  # (height, width) of the frames given
+        self._closed = False
+
+    def write(self, frames: Any) -> None:
+        import av
+
+        frames = self._padded(_as_uint8_frames(frames))
+        with self._lock:
+            self._check_open()
+            if self._stream is None:
+                self._open(frames.shape[2], frames.shape[1])
+            for frame in frames:
+                for packet in self._stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    self._container.mux(packet)
+            self.num_frames += len(frames)
+
+    def finish(self) -> bytes:
+        with self._lock:
+            self._check_open()
+            if self._stream is None:
+                raise ValueError("an MP4 needs at least one frame")
+            for packet in self._stream.encode():
+                self._container.mux(packet)
+            self._close()
+            return self._buffer.getvalue()
+
+    def close(self) -> None:
+        """Drop the writer (after finish, a no-op)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._container is not None:
+            self._container.close()
+            self._container = None
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the MP4 writer is closed")
+
+    def _padded(self, frames: Any) -> Any:
+        import numpy as np
+
+        height, width = frames.shape[1:3]
+        if self._size is None:
+            self._size = (height, width)
+        elif self._size != (height, width):
+            raise ValueError(f"frames of {width}x{height} after frames of {self._size[1]}x{self._size[0]}")
+        # yuv420p needs even sides; pad by edge replication rather than crop so no content is lost.
+        pad_h, pad_w = height % 2, width % 2
+        if pad_h or pad_w:
+            frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+        return frames
+
+    def _open(self, width: int, height: int) -> None:
+        import av
+
+        self._container = av.open(self._buffer, mode="w", format="mp4")
+        stream = self._container.add_stream("libx264", rate=self.fps)
+        stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
+        stream.codec_context.thread_count = MP4_ENCODE_THREADS
         # mbtree off: x264's macroblock-tree rate control read memory left by earlier encodes of
         # other sizes, so the same frames gave other bytes (a server's first video differed from its
         # repeats: 40.6 dB). Off, the bytes depend on the frames only; mbtree's usual gain in
         # compression on natural video is given up (a noise-like random-weight clip came out 4%
         # smaller and 14% faster to encode on CPU).
         stream.options = {"crf": "18", "preset": "veryfast", "x264-params": "mbtree=0"}
-        for index in range(num_frames):
-            video_frame = av.VideoFrame.from_ndarray(frames[index], format="rgb24")
-            for packet in stream.encode(video_frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buffer.getvalue()
+        self._stream = stream
+
+
+def encode_mp4(frames: Any, fps: int) -> bytes:
+    """uint8 frames [F, H, W, 3] to an H.264 MP4 (yuv420p, so odd sizes are padded by one pixel)."""
+    writer = Mp4Writer(fps)
+    try:
+        writer.write(frames)
+        return writer.finish()
+    finally:
+        writer.close()
 
 
 def warm_up_encoders(output_kind: str) -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import io
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from mstar.api.media import decode_data_url, decode_image, decode_mp4, encode_image, encode_mp4
+from mstar.api.media import Mp4Writer, decode_data_url, decode_image, decode_mp4, encode_image, encode_mp4
 from mstar.errors import InvalidParam
 
 
@@ -142,6 +145,56 @@ def test_mp4_bytes_do_not_depend_on_the_encodes_before():
         outputs.add(encode_mp4(clip, fps=16))
         encode_mp4(others[index % len(others)], fps=16)
     assert len(outputs) == 1
+
+
+def test_mp4_written_in_pieces_is_the_same_file_as_written_whole():
+    clip = drifting_noise(3, 48, 62, 9)
+    writer = Mp4Writer(fps=16)
+    for start, stop in ((0, 1), (1, 5), (5, 9)):  # Wan's VAE chunks: 1 frame, then 4 at a time
+        writer.write(clip[start:stop])
+    assert writer.num_frames == 9
+    assert writer.finish() == encode_mp4(clip, fps=16)
+    writer.close()  # after finish: nothing left to drop
+
+
+def test_mp4_writer_refuses_what_it_cannot_write():
+    writer = Mp4Writer(fps=8)
+    with pytest.raises(ValueError, match="at least one frame"):
+        writer.finish()
+    writer.write(np.zeros((1, 16, 16, 3), np.uint8))
+    with pytest.raises(ValueError, match="16x16"):
+        writer.write(np.zeros((1, 16, 32, 3), np.uint8))
+    writer.close()
+    with pytest.raises(ValueError, match="closed"):
+        writer.write(np.zeros((1, 16, 16, 3), np.uint8))
+    with pytest.raises(ValueError, match="fps"):
+        Mp4Writer(fps=0)
+
+
+MP4_ON_CORES = """
+import hashlib, os, sys
+os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")})
+import numpy as np
+from mstar.api.media import encode_mp4
+from tests.api.test_media import drifting_noise
+print(hashlib.sha256(encode_mp4(drifting_noise(1, 160, 256, 9), fps=16)).hexdigest())
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores"
+)
+def test_mp4_bytes_do_not_depend_on_the_machines_cores():
+    """x264's output depends on its thread count, which by default follows the cores a process may
+    use: fixed, the same frames give the same bytes on a machine of any size."""
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", MP4_ON_CORES, cores], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for cores in (f"{first}", f"{first},{second}")
+    }
+    assert len(digests) == 1
 
 
 def test_b64_json_body_is_the_json_document_json_dumps_would_give():
