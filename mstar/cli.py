@@ -254,7 +254,7 @@ def _encode_output(frames: Any, path: Path, output_kind: str, params: dict[str, 
 
 
 async def _generate(config: Any, spec: Any, params: dict[str, Any], inputs: dict | None) -> Any:
-    from mstar.runtime.events import Done, Failed
+    from mstar.runtime.events import Done, Failed, Progress
     from mstar.runtime.runtime import Runtime
 
     runtime = Runtime(config, spec)
@@ -269,7 +269,8 @@ async def _generate(config: Any, spec: Any, params: dict[str, Any], inputs: dict
             if isinstance(event, Failed):
                 bars.close()
                 raise RuntimeError(f"generation failed ({event.kind}): {event.message}")
-            bars.update("denoise", event.step, event.total)
+            if isinstance(event, Progress):
+                bars.update("denoise", event.step, event.total)
         raise RuntimeError("generation ended without a result")
     finally:
         await runtime.shutdown()

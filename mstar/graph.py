@@ -9,7 +9,7 @@ A model declares named walks; a walk is a sequence of stages; a stage is a node 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,11 @@ class RequestState:
     params: dict[str, Any]
     tensors: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    # Set by the runtime while the request is in the last stage of its final walk, else None:
+    # `emit_output(key, piece)` sends a piece of output `key` (axis 0, in order) to the caller at
+    # once, so it can start on it (the MP4 muxer takes a clip's frames while later chunks decode).
+    # A key sent in pieces counts as produced and is not also put in `tensors`.
+    emit_output: Callable[[str, Any], None] | None = None
 
 
 class Node:

@@ -23,7 +23,7 @@ from mstar.config import ServerConfig
 from mstar.errors import InvalidParam, Overloaded
 from mstar.graph import ModelSpec, stage_nodes
 from mstar.runtime import messages as m
-from mstar.runtime.events import Done, Failed, Progress
+from mstar.runtime.events import Done, Failed, Piece, Progress
 from mstar.runtime.handle import RequestHandle
 from mstar.runtime.metrics import MetricsSink
 from mstar.runtime.pool import WorkerPool
@@ -50,6 +50,8 @@ class Job:
     next_walk: str | None = None
     num_walks: int = 0
     workers: set[int] = field(default_factory=set)  # workers the current walk needs
+    pieces: dict[str, list[np.ndarray]] = field(default_factory=dict)  # to join, for other callers
+    num_pieces: dict[str, int] = field(default_factory=dict)  # OutputPiece messages taken, per key
 
 
 class Conductor:
@@ -80,7 +82,12 @@ class Conductor:
     # ---- admission -----------------------------------------------------------------------
 
     def submit(
-        self, params: dict, inputs: dict[str, np.ndarray] | None, timeout_s: float | None, request_id: str
+        self,
+        params: dict,
+        inputs: dict[str, np.ndarray] | None,
+        timeout_s: float | None,
+        request_id: str,
+        stream_outputs: frozenset[str] = frozenset(),
     ) -> RequestHandle:
         if not self.accepting:
             raise Overloaded()
@@ -96,7 +103,8 @@ class Conductor:
         now = time.monotonic()
         timeout_s = timeout_s if timeout_s is not None else self.config.request_timeout_s
         rid = f"{next(self._next_rid):x}"
-        job = Job(rid, RequestHandle(request_id), dict(params), dict(inputs or {}), now, now + timeout_s)
+        handle = RequestHandle(request_id, stream_outputs)
+        job = Job(rid, handle, dict(params), dict(inputs or {}), now, now + timeout_s)
         self.jobs[rid] = job
         self.rids[request_id] = rid
         self.waiting.append(rid)
@@ -177,6 +185,8 @@ class Conductor:
     def handle_message(self, message: m.Message) -> None:
         if isinstance(message, m.StepProgress):
             self._on_progress(message)
+        elif isinstance(message, m.OutputPiece):
+            self._on_output_piece(message)
         elif isinstance(message, m.WalkDone):
             self._on_walk_done(message)
         elif isinstance(message, m.RequestError):
@@ -210,11 +220,36 @@ class Conductor:
             return
         try:
             outputs = import_outputs(self.store, list(message.outputs))
+            if message.num_pieces != job.num_pieces:
+                raise ValueError(f"{job.num_pieces} output pieces arrived, {message.num_pieces} were sent")
+            outputs.update({key: np.concatenate(pieces) for key, pieces in job.pieces.items()})
         except Exception as exc:
             log.exception("request %s: could not read outputs", job.handle.request_id)
             self._end(job, Failed(f"could not read outputs: {exc}", "error"))
             return
+        job.pieces = {}
         self._end(job, Done(outputs))
+
+    def _on_output_piece(self, message: m.OutputPiece) -> None:
+        job = self.jobs.get(message.rid)
+        if job is None:
+            self.store.unlink(message.piece)  # the request ended meanwhile
+            return
+        key = message.piece.key
+        try:
+            if message.index != job.num_pieces.get(key, 0):
+                self.store.unlink(message.piece)
+                raise ValueError(f"piece {message.index} of '{key}' came out of order")
+            piece = import_outputs(self.store, [message.piece])[key]
+        except Exception as exc:
+            log.exception("request %s: could not read an output piece", job.handle.request_id)
+            self._end(job, Failed(f"could not read outputs: {exc}", "error"))
+            return
+        job.num_pieces[key] = message.index + 1
+        if key in job.handle.stream_outputs:
+            job.handle.push(Piece(key, message.index, piece))
+        else:
+            job.pieces.setdefault(key, []).append(piece)
 
     # ---- endings -------------------------------------------------------------------------
 

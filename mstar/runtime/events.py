@@ -1,4 +1,5 @@
-"""What a RequestHandle yields: progress of Loop nodes, then exactly one Done or Failed."""
+"""What a RequestHandle yields: progress of Loop nodes, pieces of the outputs the caller asked to
+stream, then exactly one Done or Failed."""
 
 from __future__ import annotations
 
@@ -16,8 +17,20 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Piece:
+    """The next piece (axis 0, in order) of a streamed output: a clip's frames as they are decoded."""
+
+    key: str
+    index: int
+    value: np.ndarray
+
+
+@dataclass(frozen=True)
 class Done:
-    outputs: dict[str, np.ndarray]  # the final walk's outputs, e.g. "frames": uint8 [F, H, W, 3]
+    # The final walk's outputs, e.g. "frames": uint8 [F, H, W, 3]. An output the caller streamed
+    # (Runtime.submit's stream_outputs) is absent when the model sent it in pieces: they came as
+    # Piece events. An output sent in pieces that the caller did not stream is joined here.
+    outputs: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -26,4 +39,4 @@ class Failed:
     kind: str  # one of FAILURE_KINDS
 
 
-Event = Progress | Done | Failed
+Event = Progress | Piece | Done | Failed

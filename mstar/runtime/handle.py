@@ -14,8 +14,9 @@ from mstar.runtime.events import Done, Event, Failed
 class RequestHandle:
     """Created by Runtime.submit. `events()` is for one consumer; `result()` may be awaited by any."""
 
-    def __init__(self, request_id: str):
+    def __init__(self, request_id: str, stream_outputs: frozenset[str] = frozenset()):
         self.request_id = request_id
+        self.stream_outputs = stream_outputs  # outputs this caller takes as Piece events
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._final: Done | Failed | None = None
         self._finished = asyncio.Event()

@@ -80,6 +80,17 @@ class WalkDone(msgspec.Struct, tag=True, frozen=True):
     walk: str
     worker: int  # the worker that ran the walk's last stage
     outputs: list[TensorRef] = []  # only for the final walk (next_worker == CONDUCTOR)
+    num_pieces: dict[str, int] = {}  # outputs sent ahead as OutputPiece messages: pieces per key
+
+
+class OutputPiece(msgspec.Struct, tag=True, frozen=True):
+    """A piece of a final output, sent while the walk's last stage still runs (a clip's frames as
+    each chunk is decoded): the caller can start on it. Pieces of one key are in order along axis
+    0 and come before the WalkDone that counts them (same worker, same connection)."""
+
+    rid: str
+    index: int  # 0, 1, ... per key
+    piece: TensorRef
 
 
 class RequestError(msgspec.Struct, tag=True, frozen=True):
@@ -175,6 +186,7 @@ Message = (
     | Heartbeat
     | StepProgress
     | WalkDone
+    | OutputPiece
     | RequestError
     | StepStats
     | Recompiles
@@ -205,4 +217,6 @@ def message_refs(message: Message) -> list[TensorRef]:
         return list(message.tensors)
     if isinstance(message, WalkDone):
         return list(message.outputs)
+    if isinstance(message, OutputPiece):
+        return [message.piece]
     return []

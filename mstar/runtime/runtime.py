@@ -12,7 +12,7 @@ import secrets
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import msgspec
@@ -26,7 +26,7 @@ from mstar.graph import ModelSpec
 from mstar.models.registry import spec_path
 from mstar.runtime import messages as m
 from mstar.runtime.conductor import Conductor
-from mstar.runtime.events import Done, Failed, Progress
+from mstar.runtime.events import Done, Failed, Piece, Progress
 from mstar.runtime.handle import RequestHandle
 from mstar.runtime.metrics import MetricsSink, NullMetrics
 from mstar.runtime.pool import WorkerPool
@@ -34,7 +34,7 @@ from mstar.runtime.shm import SegmentStore, default_segment_dir
 from mstar.runtime.tensors import NUMERIC_KINDS
 from mstar.runtime.transport import bind_endpoint, bind_inbox, make_run_dir
 
-__all__ = ["Done", "Failed", "Progress", "RequestHandle", "Runtime", "RuntimeStats"]
+__all__ = ["Done", "Failed", "Piece", "Progress", "RequestHandle", "Runtime", "RuntimeStats"]
 
 MONITOR_INTERVAL_S = 0.1
 SWEEP_INTERVAL_S = 2.0
@@ -206,11 +206,15 @@ class Runtime:
         inputs: dict[str, np.ndarray] | None = None,
         timeout_s: float | None = None,
         request_id: str | None = None,
+        stream_outputs: Collection[str] = (),
     ) -> RequestHandle:
+        """`stream_outputs`: outputs to take as Piece events where the model sends them in pieces
+        (a clip's frames as they are decoded); the handle's Done then lacks them."""
         if self._conductor is None:
             raise RuntimeError("Runtime.start() has not been awaited")
         _check_inputs(inputs)
-        return self._conductor.submit(params, inputs, timeout_s, request_id or uuid.uuid4().hex)
+        request_id = request_id or uuid.uuid4().hex
+        return self._conductor.submit(params, inputs, timeout_s, request_id, frozenset(stream_outputs))
 
     def abort(self, request_id: str) -> bool:
         return self._conductor is not None and self._conductor.abort(request_id)

@@ -18,6 +18,7 @@ from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_ca
 from mstar.graph import Loop, ModelSpec, Node, Parallel, RequestState, Stage, stage_nodes
 from mstar.runtime import messages as m
 from mstar.runtime.node_profile import NodeProfiler
+from mstar.runtime.output_pieces import PieceSender, num_pieces_sent
 from mstar.runtime.requests import RequestTable, WorkerRequest
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_timer import StepTimer
@@ -137,6 +138,7 @@ class StepLoop:
             return
         local = [name for name in names if self.owner[name] == self.worker]
         remote = sorted({self.owner[name] for name in names} - {self.worker})
+        request.state.emit_output = self._piece_sender(request)
         request.parts_pending = len(local) + len(remote)
         for peer in remote:
             if not self._handoff(request, peer, "fork", move=False):
@@ -148,6 +150,7 @@ class StepLoop:
     def _run_fork(self, request: WorkerRequest, lead: int) -> None:
         local = [name for name in stage_nodes(self._stage(request)) if self.owner[name] == self.worker]
         request.fork_lead = lead
+        request.state.emit_output = None  # pieces come from the lead, which counts them in WalkDone
         request.forked_inputs = dict(request.state.tensors)
         request.parts_pending = len(local)
         for name in local:
@@ -164,6 +167,14 @@ class StepLoop:
         request.prepared.add(name)
         queue.waiting[request.rid] = None
         return True
+
+    def _piece_sender(self, request: WorkerRequest) -> PieceSender | None:
+        """Only the last stage of the final walk sends pieces: they and the WalkDone that counts
+        them then leave from this worker on one connection, in order."""
+        is_last_stage = request.stage_index == len(self.spec.walks[request.walk].stages) - 1
+        if request.next_worker != m.CONDUCTOR or not is_last_stage:
+            return None
+        return PieceSender(self.store, self.to_conductor, request.rid)
 
     def _stage_done(self, request: WorkerRequest) -> None:
         if isinstance(self._stage(request), Parallel):
@@ -194,12 +205,15 @@ class StepLoop:
     def _finish_walk(self, request: WorkerRequest) -> None:
         walk = self.spec.walks[request.walk]
         tensors = request.state.tensors
+        num_pieces = num_pieces_sent(request.state.emit_output)
+        request.state.emit_output = None
         if walk.outputs:
-            missing = [key for key in walk.outputs if key not in tensors]
+            missing = [key for key in walk.outputs if key not in tensors and key not in num_pieces]
             if missing:
                 self._fail(request, f"walk '{walk.name}' ended without output(s) {missing}")
                 return
-            request.state.tensors = {key: tensors[key] for key in walk.outputs}
+            tensors = {key: tensors[key] for key in walk.outputs if key in tensors}
+        request.state.tensors = {key: value for key, value in tensors.items() if key not in num_pieces}
         request.walk = ""
         if request.next_worker == m.CONDUCTOR:
             try:
@@ -208,7 +222,7 @@ class StepLoop:
                 self._fail(request, f"could not export outputs: {exc}", exc)
                 return
             request.state.tensors = {}
-            self.to_conductor(m.WalkDone(request.rid, walk.name, self.worker, refs))
+            self.to_conductor(m.WalkDone(request.rid, walk.name, self.worker, refs, num_pieces))
             return
         if request.next_worker != self.worker and not self._handoff(request, request.next_worker, "stash"):
             return

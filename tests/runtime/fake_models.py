@@ -2,9 +2,10 @@
 worker subprocess as "tests.runtime.fake_models:FakeSpec".
 
 Walks: "encode" = Parallel(encoder, aux) -> "generate" = Loop(denoiser), decoder.
-With no input image the final frames value is 4 * seed + steps (mod 256).
+With no input image the final frames value is 4 * seed + steps (mod 256); `num_frames` frames
+count up from it. Where the runtime takes pieces, the decoder sends them a frame at a time.
 Per-request knobs in params: seed, steps, key (denoiser batch key), cost, step_sleep_s,
-fail ("encoder.prepare", "denoiser.forward", "denoiser.stop"), release_log (a file path),
+fail ("encoder.prepare", "denoiser.forward", "denoiser.stop", "decoder.mid_clip"), release_log (a file path),
 recompile (each denoise step of the request counts as a recompile).
 """
 
@@ -110,7 +111,17 @@ class DecoderNode(LoggingNode):
     def forward(self, batch: list[RequestState]) -> None:
         for request in batch:
             value = int(request.tensors["latents"].mean()) % 256
-            request.tensors["frames"] = np.full((1, 2, 2, 3), value, dtype=np.uint8)
+            num_frames = int(request.params.get("num_frames", 1))
+            frames = np.stack(
+                [np.full((2, 2, 3), (value + i) % 256, dtype=np.uint8) for i in range(num_frames)]
+            )
+            if request.emit_output is None:
+                request.tensors["frames"] = frames
+                continue
+            for index, frame in enumerate(frames):  # a frame at a time, as a clip's VAE chunks
+                if index == 1 and request.params.get("fail") == "decoder.mid_clip":
+                    raise RuntimeError("decoder broke after the first piece")
+                request.emit_output("frames", frame[None])
 
 
 NODE_CLASSES = {cls.name: cls for cls in (EncoderNode, AuxNode, DenoiserNode, DecoderNode)}

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mstar.errors import RequestFailed
-from mstar.runtime.events import Done, Failed, Progress
+from mstar.runtime.events import Done, Failed, Piece, Progress
 from mstar.runtime.runtime import Runtime
 from tests.runtime.fake_models import FakeSpec, expected_frame_value
 from tests.runtime.helpers import final_event, make_config, run, until_progress, wait_for
@@ -156,3 +156,33 @@ def test_metrics_see_steps_endings_and_recompiles(loop, runtime):
 
 async def _collect(handle):
     return [event async for event in handle.events()]
+
+
+def test_frames_sent_in_pieces_reach_callers_whole_or_streamed(loop, runtime):
+    first = expected_frame_value(4, 2)
+    whole = run(loop, runtime.submit({"seed": 4, "steps": 2, "num_frames": 3}).result())["frames"]
+    assert whole.shape == (3, 2, 2, 3)
+    assert [int(frame[0, 0, 0]) for frame in whole] == [first, first + 1, first + 2]
+
+    streamed = runtime.submit({"seed": 4, "steps": 2, "num_frames": 3}, stream_outputs=("frames",))
+    events = run(loop, _collect(streamed))
+    pieces = [event for event in events if isinstance(event, Piece)]
+    assert [(p.key, p.index, p.value.shape) for p in pieces] == [
+        ("frames", i, (1, 2, 2, 3)) for i in range(3)
+    ]
+    np.testing.assert_array_equal(np.concatenate([p.value for p in pieces]), whole)
+    assert isinstance(events[-1], Done) and set(events[-1].outputs) == {"batch_sizes"}
+    assert runtime._store.list_segments() == []
+
+
+@pytest.mark.parametrize("stream_outputs", [(), ("frames",)])
+def test_a_failure_after_the_first_piece_fails_the_request(loop, runtime, stream_outputs):
+    params = {"seed": 1, "steps": 2, "num_frames": 3, "fail": "decoder.mid_clip"}
+    events = run(loop, _collect(runtime.submit(params, stream_outputs=stream_outputs)))
+    kinds = [type(event) for event in events if not isinstance(event, Progress)]
+    assert kinds == ([Piece] if stream_outputs else []) + [Failed]
+    assert "decoder broke after the first piece" in events[-1].message
+    run(loop, wait_for(lambda: runtime.stats().num_worker_requests == (0, 0)))
+    assert runtime._store.list_segments() == []
+    fine = run(loop, runtime.submit({"seed": 2, "steps": 2, "num_frames": 2}).result())["frames"]
+    assert fine.shape == (2, 2, 2, 3)

@@ -49,9 +49,14 @@ def start_generate(loop, store, rid, **params):
 
 
 def outputs_of(sent, store, rid):
+    """The final walk's outputs as the conductor assembles them (pieces joined per key)."""
     done = [msg for msg in sent if isinstance(msg, m.WalkDone) and msg.rid == rid and msg.outputs]
     assert len(done) == 1, f"{rid}: {sent}"
-    return import_outputs(store, done[0].outputs)
+    outputs = import_outputs(store, done[0].outputs)
+    pieces = [msg.piece for msg in sent if isinstance(msg, m.OutputPiece) and msg.rid == rid]
+    for key in {ref.key for ref in pieces}:
+        outputs[key] = np.concatenate([import_outputs(store, [ref])[key] for ref in pieces if ref.key == key])
+    return outputs
 
 
 def errors(sent):
@@ -154,3 +159,30 @@ def test_a_failing_event_count_reports_nothing(loop, sent):
     run_until_idle(loop)
     assert not [msg for msg in sent if isinstance(msg, m.NodeEvents)]
     assert not errors(sent)
+
+
+def test_the_final_walks_last_stage_sends_pieces_before_the_walk_done(loop, store, sent):
+    start_generate(loop, store, "clip", steps=2, num_frames=3)
+    run_until_idle(loop)
+    messages = [msg for msg in sent if isinstance(msg, m.OutputPiece | m.WalkDone)]
+    assert [type(msg) for msg in messages] == [m.OutputPiece] * 3 + [m.WalkDone]
+    assert [msg.index for msg in messages[:3]] == [0, 1, 2]
+    done = messages[-1]
+    assert done.num_pieces == {"frames": 3}
+    assert [ref.key for ref in done.outputs] == ["batch_sizes"]  # the frames went ahead in pieces
+    pieces = [import_outputs(store, [msg.piece])["frames"] for msg in messages[:3]]
+    first = expected_frame_value(1, 2)
+    assert [int(piece[0, 0, 0, 0]) for piece in pieces] == [first, first + 1, first + 2]
+    import_outputs(store, done.outputs)
+    assert store.list_segments() == []
+
+
+def test_a_walk_that_is_not_the_last_keeps_its_outputs_whole(loop, store, sent):
+    seed = 1
+    tensors = {"embeds": np.full(4, seed, np.float32), "aux": np.arange(3, dtype=np.float32) * seed}
+    refs = export_tensors(store, "mid", tensors)
+    loop.handle(m.RunWalk("mid", "req-mid", {"seed": seed, "num_frames": 3}, "generate", 0, refs))
+    run_until_idle(loop)
+    assert not [msg for msg in sent if isinstance(msg, m.OutputPiece)]
+    assert loop.table.get("mid").state.tensors["frames"].shape == (3, 2, 2, 3)
+    assert loop.table.get("mid").state.emit_output is None
