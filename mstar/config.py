@@ -85,6 +85,9 @@ class ServerConfig(BaseModel):
     # weights' trip over PCIe (H200: 132 ms per prompt against 31 ms resident). Wan2.2 only (other
     # models refuse it at boot; a text encoder placed on the CPU has nothing to offload).
     offload_text_encoder: bool = False
+    # a clip's frames go from the VAE to the MP4 muxer chunk by chunk as they decode, so the encode
+    # overlaps the decode (False: the clip is muxed whole once decoded; to A/B)
+    stream_video_frames: bool = True
 
     @field_validator("device")
     @classmethod

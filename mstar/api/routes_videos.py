@@ -1,7 +1,8 @@
 """Video jobs in the OpenAI Videos shape: create (queued at once), retrieve, list, download, delete.
 
 The job runs as an asyncio task that follows the runtime's events; the MP4 is muxed in a thread so
-the event loop keeps serving while it encodes.
+the event loop keeps serving while it encodes. Frames are muxed as they come: a model that sends a
+clip's frames in pieces (Wan's VAE, chunk by chunk) has most of the clip encoded when it ends.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
-from mstar.api.media import VIDEO_MEDIA_TYPE, decode_base64, decode_data_url, decode_image, encode_mp4
+from mstar.api.media import VIDEO_MEDIA_TYPE, Mp4Writer, decode_base64, decode_data_url, decode_image
 from mstar.api.middleware import read_fields
 from mstar.api.schemas import VideoCreateRequest
 from mstar.api.service import Submitted
@@ -69,19 +70,29 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> No
         job.status = "in_progress"
         job.progress = min(99, int(100 * step / max(total, 1)))
 
+    writer = Mp4Writer(int(submitted.params.get("fps") or DEFAULT_FPS))
+
+    async def on_piece(frames: Any) -> None:  # a clip's frames as its chunks decode: mux them now
+        await asyncio.to_thread(writer.write, frames)
+
     try:
-        frames = await state.generator.frames(submitted, on_progress)
+        outputs = await state.generator.outputs(submitted, on_progress, on_piece)
         job.status = "in_progress"
-        fps = int(submitted.params.get("fps") or DEFAULT_FPS)
-        job.content = await asyncio.to_thread(encode_mp4, frames, fps)
+        if writer.num_frames == 0:  # the model sent its frames whole
+            await asyncio.to_thread(writer.write, state.generator.media_tensor(outputs))
+        job.content = await asyncio.to_thread(writer.finish)
         state.jobs.finish(job, "completed")
     except ApiError as error:
         job.error = {"code": error.code or "failed", "message": error.message}
         state.jobs.finish(job, "failed")
     except Exception:
         logger.exception("video job %s failed", job.id)
+        state.generator.abort_all([submitted])  # the muxer failed mid-clip: stop the request too
         job.error = {"code": "internal_error", "message": GENERIC_INTERNAL_MESSAGE}
         state.jobs.finish(job, "failed")
+    finally:
+        # In a thread: a write of a cancelled job (deleted) may still run there; close waits for it.
+        await asyncio.to_thread(writer.close)
 
 
 @router.post("/v1/videos")
@@ -96,7 +107,7 @@ async def create_video(request: Request) -> JSONResponse:
     params = generator.validate(body.generation_params(has_input_reference=reference is not None))
     generator.check_ready()
     inputs = {"input_reference": reference} if reference is not None else None
-    submitted = generator.submit(params, inputs)
+    submitted = generator.submit(params, inputs, stream_frames=state.config.stream_video_frames)
     size, seconds = _describe(body, params)
     job = state.jobs.new_job(
         model=state.spec.name,

@@ -1,7 +1,8 @@
 """The API's one path into the runtime: check the model and mode, validate, submit, collect events.
 
-Runtime events: Progress(step, total) from Loop nodes, then exactly one Done(outputs) or
-Failed(message, kind) (mstar.runtime.events).
+Runtime events: Progress(step, total) from Loop nodes, Piece(key, index, value) for outputs the
+caller asked to stream, then exactly one Done(outputs) or Failed(message, kind)
+(mstar.runtime.events).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +18,12 @@ from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
 from mstar.api.metrics import PrometheusMetrics
 from mstar.errors import InvalidParam, Overloaded, UnknownModel
 from mstar.graph import GenerationParams, ModelSpec
-from mstar.runtime.events import Done, Failed, Progress
+from mstar.runtime.events import Done, Failed, Piece, Progress
 
 logger = logging.getLogger("mstar.api")
 
 ProgressCallback = Callable[[int, int], None]
+PieceCallback = Callable[[Any], Awaitable[None]]  # awaited per piece, in order
 
 
 @dataclass
@@ -108,9 +110,16 @@ class Generator:
         check_step_tokens(self.spec, validated, self.config.max_tokens_per_step)
         return validated
 
-    def submit(self, params: dict[str, Any], inputs: dict[str, Any] | None = None) -> Submitted:
+    def submit(
+        self, params: dict[str, Any], inputs: dict[str, Any] | None = None, stream_frames: bool = False
+    ) -> Submitted:
+        """`stream_frames`: the media tensor comes as pieces where the model sends it so (see
+        `outputs`' on_piece)."""
+        stream_outputs = (self.spec.output_tensor,) if stream_frames else ()
         try:
-            handle = self.runtime.submit(params, inputs, timeout_s=self.config.request_timeout_s)
+            handle = self.runtime.submit(
+                params, inputs, timeout_s=self.config.request_timeout_s, stream_outputs=stream_outputs
+            )
         except Overloaded:
             self.metrics.count_rejected()
             raise
@@ -134,21 +143,31 @@ class Generator:
             self.runtime.abort(item.handle.request_id)
 
     async def outputs(
-        self, submitted: Submitted, on_progress: ProgressCallback | None = None
+        self,
+        submitted: Submitted,
+        on_progress: ProgressCallback | None = None,
+        on_piece: PieceCallback | None = None,
     ) -> dict[str, Any]:
-        """Follow a request's events to its outputs; Failed becomes an ApiError."""
+        """Follow a request's events to its outputs; Failed becomes an ApiError. Pieces of a
+        streamed output go to `on_piece` (required when the request was submitted streaming)."""
         async for event in submitted.handle.events():
             if isinstance(event, Done):
                 return event.outputs
             if isinstance(event, Failed):
                 raise failure_error(event.kind, event.message)
-            if on_progress is not None and isinstance(event, Progress):
+            if isinstance(event, Piece):
+                if on_piece is None:
+                    raise failure_error("error", f"a piece of '{event.key}' came with no one to take it")
+                await on_piece(event.value)
+            elif on_progress is not None and isinstance(event, Progress):
                 on_progress(event.step, event.total)
         raise failure_error("error", "the event stream ended without a result")
 
     async def frames(self, submitted: Submitted, on_progress: ProgressCallback | None = None) -> Any:
         """The model's media tensor, uint8 [F, H, W, 3]."""
-        outputs = await self.outputs(submitted, on_progress)
+        return self.media_tensor(await self.outputs(submitted, on_progress))
+
+    def media_tensor(self, outputs: dict[str, Any]) -> Any:
         frames = outputs.get(self.spec.output_tensor)
         if frames is None:
             raise failure_error("error", f"outputs lack '{self.spec.output_tensor}': {sorted(outputs)}")

@@ -10,7 +10,8 @@ Works with any causal chunked video decoder shaped like mstar.models.wan22.vae.W
   written into one preallocated uint8 buffer, so only uint8 ever leaves the GPU.
 
 `path="auto"` takes the fast path for clips and the plain one for single images (one latent frame:
-nothing to amortise a compile over).
+nothing to amortise a compile over). `iter_host_uint8` hands the frames to the host chunk by
+chunk, as each is decoded, so a caller can encode the first frames while the rest decode.
 
 Compile modes are mstar.engine.compile's: "off" | "deterministic" | "default" | "max-autotune".
 "deterministic" is inductor with no timing-based choices (max_autotune and coordinate-descent
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
@@ -181,6 +183,25 @@ class VaeDecodeRunner:
             chunks = list(self._run_chunks(self._as_clip(latents), self._uint8_step))
             return torch.cat(chunks, dim=0)  # [F, H, W, 3]
 
+    def iter_host_uint8(self, latents: torch.Tensor, path: DecodePath = "auto") -> Iterator[torch.Tensor]:
+        """`decode_uint8`'s frames in pieces on the host, each as soon as its chunk is decoded:
+        uint8 [f, H, W, 3] CPU tensors whose concatenation is decode_uint8's output (the plain path
+        gives one piece). Call under torch.inference_mode(). Each piece's copy to the host is
+        queued right behind its chunk and waited for only after the next chunk is queued, so the
+        device keeps decoding while the caller passes a piece on."""
+        latents = self._as_clip(latents)
+        if self.choose_path(latents.shape[2], path) == "plain":
+            yield self.decode_plain_uint8(latents).cpu()
+            return
+        pending = None
+        for frames in self._run_chunks(latents, self._uint8_step):
+            copy = _start_host_copy(frames)
+            if pending is not None:
+                yield _finish_host_copy(pending)
+            pending = copy
+        if pending is not None:
+            yield _finish_host_copy(pending)
+
     def decode_fast_video(self, latents: torch.Tensor) -> torch.Tensor:
         """The fast path's float output [1, 3, F, H, W] in [-1, 1] (tests, quality checks)."""
         import torch
@@ -250,3 +271,23 @@ class VaeDecodeRunner:
         # x: [1, z, 1, h, w] -> uint8 frames [f, H, W, 3]
         frames, tails = self.decoder.decode_chunk(self.decoder.post_quant_conv(x), tails)
         return to_uint8_frames(self.decoder.to_video(frames))[0], tails
+
+
+def _start_host_copy(frames: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """Queue a copy of device frames into pinned host memory; (host tensor, event marking its end)."""
+    import torch
+
+    if frames.device.type != "cuda":
+        return frames, None
+    host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+    host.copy_(frames, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
+def _finish_host_copy(copy: tuple[torch.Tensor, Any]) -> torch.Tensor:
+    host, done = copy
+    if done is not None:
+        done.synchronize()
+    return host

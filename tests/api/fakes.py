@@ -13,7 +13,7 @@ import numpy as np
 
 from mstar.errors import InvalidParam, Overloaded
 from mstar.graph import GenerationParams, ModelSpec, Walk
-from mstar.runtime.events import Done, Failed, Progress
+from mstar.runtime.events import Done, Failed, Piece, Progress
 
 
 @dataclass
@@ -119,10 +119,11 @@ def seeded_frames(params: dict[str, Any]) -> np.ndarray:
 
 
 class FakeHandle:
-    def __init__(self, runtime: FakeRuntime, request_id: str, params: dict[str, Any]):
+    def __init__(self, runtime: FakeRuntime, request_id: str, params: dict[str, Any], in_pieces: int = 0):
         self.runtime = runtime
         self.request_id = request_id
         self.params = params
+        self.in_pieces = in_pieces  # > 0: streamed frames come as Piece events of this many frames
         self.aborted = False
         self.started = False
 
@@ -148,7 +149,13 @@ class FakeHandle:
                 outcome = "failed"
                 yield Failed("secret internal detail: CUDA exploded at 0xdeadbeef", runtime.fail_kind)
                 return
-            yield Done({"frames": seeded_frames(self.params)})
+            frames = seeded_frames(self.params)
+            if not self.in_pieces:
+                yield Done({"frames": frames})
+                return
+            for index, start in enumerate(range(0, len(frames), self.in_pieces)):
+                yield Piece("frames", index, frames[start : start + self.in_pieces])
+            yield Done({})
         finally:
             runtime.active.pop(self.request_id, None)
             if runtime.metrics is not None:
@@ -161,6 +168,7 @@ class FakeRuntime:
         self.step_delay_s = step_delay_s
         self.max_active = max_active
         self.fail_kind: str | None = None
+        self.piece_frames = 0  # > 0: send streamed frames in pieces of this many
         self.ready_flag = True
         self.active: dict[str, FakeHandle] = {}
         self.submitted: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
@@ -178,11 +186,11 @@ class FakeRuntime:
     async def shutdown(self, timeout_s: float = 30.0) -> None:
         self.started = False
 
-    def submit(self, params, inputs=None, timeout_s=None, request_id=None) -> FakeHandle:
+    def submit(self, params, inputs=None, timeout_s=None, request_id=None, stream_outputs=()) -> FakeHandle:
         if len(self.active) >= self.max_active:
             raise Overloaded(retry_after_s=2.5)
         request_id = request_id or f"req-{next(self._ids)}"
-        handle = FakeHandle(self, request_id, params)
+        handle = FakeHandle(self, request_id, params, self.piece_frames if "frames" in stream_outputs else 0)
         self.active[request_id] = handle
         self.submitted.append((params, inputs))
         return handle

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mstar.api.media import decode_mp4
+from mstar.api.media import Mp4Writer, decode_mp4, encode_mp4
 from mstar.api.store import JobStore
 from tests.api.conftest import build_client
 from tests.api.fakes import FakeVideoSpec, seeded_frames
@@ -81,6 +81,33 @@ def test_failed_job_reports_generic_error(video_client):
     runtime.fail_kind = None
     assert failed["status"] == "failed" and failed["error"]["code"] == "internal_error"
     assert "deadbeef" not in str(failed)
+
+
+def test_frames_muxed_as_they_come_give_the_same_file_as_whole(video_client):
+    client, runtime = video_client
+    contents = []
+    for piece_frames in (0, 2):  # whole at the end, then in pieces of 2 frames as a VAE sends them
+        runtime.piece_frames = piece_frames
+        job = client.post("/v1/videos", json={**VIDEO, "num_frames": 9}).json()
+        assert wait_for(client, job["id"])["status"] == "completed"
+        contents.append(client.get(f"/v1/videos/{job['id']}/content").content)
+    runtime.piece_frames = 0
+    assert contents[0] == contents[1] == encode_mp4(seeded_frames(runtime.submitted[-1][0]), fps=8)
+
+
+def test_a_muxer_failure_fails_the_job_and_stops_its_request(video_client, monkeypatch):
+    client, runtime = video_client
+    runtime.piece_frames, runtime.step_delay_s = 1, 0.02
+
+    def broken_write(self, frames):
+        raise RuntimeError("muxer broke")
+
+    monkeypatch.setattr(Mp4Writer, "write", broken_write)
+    job = client.post("/v1/videos", json={**VIDEO, "num_frames": 9}).json()
+    failed = wait_for(client, job["id"])
+    runtime.piece_frames = 0
+    assert failed["status"] == "failed" and failed["error"]["code"] == "internal_error"
+    assert len(runtime.aborted) == 1  # the route stopped the request whose clip it could not mux
 
 
 def test_list_pages(video_client):

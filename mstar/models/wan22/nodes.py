@@ -78,7 +78,8 @@ class WanVAEEncodeNode(Node):
 
 class WanVAEDecodeNode(Node):
     """Final latents -> request.tensors["frames"] uint8 [F, H, W, 3] (VaeDecodeRunner: channels-last,
-    compiled on GPU for clips)."""
+    compiled on GPU for clips). Where the runtime takes pieces (request.emit_output), the frames go
+    out chunk by chunk as they decode, so the MP4 muxer works while the rest of the clip decodes."""
 
     def __init__(self, runner, config, warmup_shapes=(), name: str = "vae_decoder", max_batch_size: int = 4):
         self.runner = runner  # mstar.diffusion.vae_decode.VaeDecodeRunner
@@ -92,7 +93,11 @@ class WanVAEDecodeNode(Node):
         for request in batch:  # clip sizes differ between requests; decode one at a time
             latents = request.tensors.pop(LATENTS).to(self.runner.device, torch.float32)[None]
             vae_latents = denormalize_latents(latents, self.config).to(self.runner.dtype)
-            request.tensors[FRAMES] = self.runner.decode_uint8(vae_latents)
+            if request.emit_output is None:
+                request.tensors[FRAMES] = self.runner.decode_uint8(vae_latents)
+                continue
+            for frames in self.runner.iter_host_uint8(vae_latents):  # uint8 [f, H, W, 3] on the host
+                request.emit_output(FRAMES, frames)
 
     @torch.inference_mode()
     def warmup(self) -> None:

@@ -132,3 +132,29 @@ def test_convert_to_channels_last_keeps_values(decoder):
         decoder.named_parameters(), converted.named_parameters(), strict=True
     ):
         assert torch.equal(original, param), name
+
+
+def test_host_pieces_are_the_clip_chunk_by_chunk(decoder, latents):
+    runner = VaeDecodeRunner(copy.deepcopy(decoder))
+    with torch.inference_mode():
+        pieces = list(runner.iter_host_uint8(latents))
+        image_pieces = list(runner.iter_host_uint8(latents[:, :, :1]))
+    assert [tuple(piece.shape) for piece in pieces] == [(1, 32, 48, 3), (4, 32, 48, 3), (4, 32, 48, 3)]
+    assert all(piece.device.type == "cpu" and piece.dtype == torch.uint8 for piece in pieces)
+    assert torch.equal(torch.cat(pieces), runner.decode_uint8(latents))
+    assert len(image_pieces) == 1 and torch.equal(image_pieces[0], runner.decode_uint8(latents[:, :, :1]))
+
+
+def test_the_node_sends_a_clip_in_pieces_where_the_runtime_takes_them(decoder, latents):
+    from mstar.graph import RequestState
+    from mstar.models.wan22.nodes import FRAMES, LATENTS, WanVAEDecodeNode
+
+    node = WanVAEDecodeNode(VaeDecodeRunner(copy.deepcopy(decoder)), TINY_WAN22)
+    whole = RequestState("whole", {}, tensors={LATENTS: latents[0].clone()})
+    streamed = RequestState("streamed", {}, tensors={LATENTS: latents[0].clone()})
+    sent = []
+    streamed.emit_output = lambda key, piece: sent.append((key, piece))
+    node.forward([whole, streamed])
+    assert [(key, piece.shape[0]) for key, piece in sent] == [(FRAMES, 1), (FRAMES, 4), (FRAMES, 4)]
+    assert FRAMES not in streamed.tensors and LATENTS not in streamed.tensors
+    assert torch.equal(torch.cat([piece for _, piece in sent]), whole.tensors[FRAMES])
