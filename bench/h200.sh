@@ -55,6 +55,8 @@
 #  call15: carry .whl_pack; the Z-Image suite at the defaults (kernels on), then a second fresh
 #          server's first image: the same bytes as the first server's?
 #  call16: carry .whl_pack; Wan's DiT step at the defaults (kernels on): 480p guidance pair, 720p.
+#  call17: carry .whl_pack; the MP4 encode by x264 thread count, whole and streamed; Wan at c=1
+#          with clips muxed whole, then streamed to the muxer as the VAE decodes.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
@@ -64,7 +66,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -86,7 +88,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -303,6 +305,20 @@ print('two fresh servers, first image:', 'identical bytes' if a == b else 'DIFFE
       "$out/suite-zimage-1024-first.json" "$out/suite-zimage-1024.json" | tee "$out/fresh-servers.txt" ;;
   call16)  # carry .whl_pack: Wan's DiT step at the defaults (the kernels on): both step targets
     our_step wan wan-480p-cfg,wan-720p-b1 400 ;;
+  call17)  # carry .whl_pack: the MP4 encode by x264 thread count (whole and streamed), then Wan at
+    # c=1 with each clip muxed whole once decoded (stream_video_frames false), then streamed to the
+    # muxer chunk by chunk as the VAE decodes (the default); same requests, so the same MP4 bytes?
+    guarded encode-speed 60 python3 bench/encode_speed.py
+    for stream in false true; do
+      export EXTRA_CONFIG="stream_video_frames: $stream"
+      suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' 20 --sizes 832x480 \
+        --num-steady 8 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}"
+      for kind in json md out; do mv "$out/suite-wan-480p-t2v.$kind" "$out/suite-wan-480p-t2v-stream-$stream.$kind"; done
+      mv "$out/server-wan-480p-t2v.log" "$out/server-wan-480p-t2v-stream-$stream.log"
+    done
+    python3 -c "import json, sys; a, b = (json.load(open(p))['cold']['media_sha256'] for p in sys.argv[1:])
+print('muxed whole vs streamed, first video:', 'identical bytes' if a == b else 'DIFFERENT', a[:16], b[:16])" \
+      "$out/suite-wan-480p-t2v-stream-false.json" "$out/suite-wan-480p-t2v-stream-true.json" | tee "$out/stream-parity.txt" ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     wan_suite
