@@ -309,6 +309,7 @@ print('two fresh servers, first image:', 'identical bytes' if a == b else 'DIFFE
     # c=1 with each clip muxed whole once decoded (stream_video_frames false), then streamed to the
     # muxer chunk by chunk as the VAE decodes (the default); same requests, so the same MP4 bytes?
     guarded encode-speed 60 python3 bench/encode_speed.py
+    guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/wan22/test_vae_decode.py
     for stream in false true; do
       export EXTRA_CONFIG="stream_video_frames: $stream"
       suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' 20 --sizes 832x480 \

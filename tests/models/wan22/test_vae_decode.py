@@ -158,3 +158,17 @@ def test_the_node_sends_a_clip_in_pieces_where_the_runtime_takes_them(decoder, l
     assert [(key, piece.shape[0]) for key, piece in sent] == [(FRAMES, 1), (FRAMES, 4), (FRAMES, 4)]
     assert FRAMES not in streamed.tensors and LATENTS not in streamed.tensors
     assert torch.equal(torch.cat([piece for _, piece in sent]), whole.tensors[FRAMES])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_host_pieces_on_cuda_are_pinned_copies_of_the_decode(decoder, latents):
+    """Each piece's copy is queued behind its chunk and read after the next chunk is queued: the
+    pieces must still be exactly the decode (a copy read too early would hold stale frames)."""
+    runner = VaeDecodeRunner(copy.deepcopy(decoder).to("cuda", torch.bfloat16))
+    clip = torch.randn(1, 4, 6, 8, 12, generator=torch.Generator().manual_seed(5)).to("cuda", torch.bfloat16)
+    with torch.inference_mode():
+        pieces = list(runner.iter_host_uint8(clip))
+    assert [piece.shape[0] for piece in pieces] == [1, 4, 4, 4, 4, 4]
+    assert all(piece.device.type == "cpu" and piece.is_pinned() for piece in pieces)
+    assert torch.equal(torch.cat(pieces), runner.decode_uint8(clip).cpu())
