@@ -408,4 +408,9 @@ status=$?
 echo "== $phase: exit $status, ${SECONDS}s; results in $out"
 echo
 mstar bench table "$out"
+# The device tool brings back at most 8 files: beyond that, the server logs and the tables (printed
+# above) go into one archive so that every result JSON comes back.
+if [ "$(find "$out" -type f | wc -l)" -gt 8 ]; then
+  (cd "$out" && tar cf - ./*.log ./*.md 2> /dev/null | xz -T0 > logs-and-tables.tar.xz && rm -f ./*.log ./*.md)
+fi
 exit $status
