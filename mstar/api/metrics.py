@@ -16,6 +16,8 @@ from prometheus_client.core import GaugeMetricFamily
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 QUEUE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+WALK_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+ENCODE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 TOKEN_BUCKETS = tuple(2**p for p in range(6, 20))
@@ -63,6 +65,22 @@ class PrometheusMetrics:
             "Time from submission to the end of the request",
             labels,
             buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.walk_time = Histogram(
+            "mstar:walk_duration_seconds",
+            "Time from a walk's dispatch to its end, seen by the conductor: its nodes' work plus the "
+            "hand-offs and waits between them",
+            [*labels, "walk"],
+            buckets=WALK_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.media_encode_time = Histogram(
+            "mstar:media_encode_seconds",
+            "Time from a request's end to its response media being ready in the API: image encodes "
+            "and the b64_json body; for clips muxed as they decode, the mux's rest after the last piece",
+            [*labels, "format"],
+            buckets=ENCODE_BUCKETS_S,
             registry=self.registry,
         )
         self.step_time = Histogram(
@@ -141,6 +159,9 @@ class PrometheusMetrics:
         self.requests.labels(self.model_name, outcome).inc()
         self.e2e_latency.labels(self.model_name).observe(latency_s)
 
+    def observe_walk(self, walk: str, seconds: float) -> None:
+        self.walk_time.labels(self.model_name, walk).observe(seconds)
+
     def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None:
         self.gpu_peak_allocated.labels(self.model_name, str(worker)).set(peak_allocated_bytes)
 
@@ -156,6 +177,9 @@ class PrometheusMetrics:
     # API-side events
     def count_rejected(self) -> None:
         self.requests.labels(self.model_name, "rejected").inc()
+
+    def observe_media_encode(self, output_format: str, seconds: float) -> None:
+        self.media_encode_time.labels(self.model_name, output_format).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -67,12 +67,15 @@ async def create_images(request: Request) -> Response:
     submitted = generator.submit_many(many_params)
     frames_list = await until_disconnected(request, generator.frames_of_all(submitted))
     output_format = body.output_format or "png"
+    encode_started = time.perf_counter()
     images = await asyncio.to_thread(_encode_all, frames_list, output_format, body.output_compression)
     height, width = frames_list[0].shape[-3:-1]
     size, created = f"{width}x{height}", int(time.time())
     if body.response_format != "url":
         content = await asyncio.to_thread(b64_json_body, images, output_format, size, created)
+        state.metrics.observe_media_encode(output_format, time.perf_counter() - encode_started)
         return Response(content, media_type="application/json")
+    state.metrics.observe_media_encode(output_format, time.perf_counter() - encode_started)
     media_type = IMAGE_MEDIA_TYPES[output_format]
     base_url = str(request.base_url).rstrip("/")
     data = [{"url": f"{base_url}/media/{state.media.put(image, media_type)}"} for image in images]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -78,9 +79,11 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> No
     try:
         outputs = await state.generator.outputs(submitted, on_progress, on_piece)
         job.status = "in_progress"
+        encode_started = time.perf_counter()
         if writer.num_frames == 0:  # the model sent its frames whole
             await asyncio.to_thread(writer.write, state.generator.media_tensor(outputs))
         job.content = await asyncio.to_thread(writer.finish)
+        state.metrics.observe_media_encode("mp4", time.perf_counter() - encode_started)
         state.jobs.finish(job, "completed")
     except ApiError as error:
         job.error = {"code": error.code or "failed", "message": error.message}

@@ -27,10 +27,15 @@ from typing import Any
 
 from mstar.bench.gpu_memory import PeakMemoryPoller, metrics_allocated_reader
 from mstar.bench.serve import RequestRecord, ServeOptions, closed_loop, record_dict, run_one, summarize
+from mstar.bench.server_metrics import (
+    node_breakdown,
+    node_seconds_from_metrics,
+    scrape_metrics,
+    scrape_recompiles,
+    stage_breakdown,
+    stage_seconds_from_metrics,
+)
 
-RECOMPILES_METRIC = "mstar:recompiles_total"
-STEP_METRIC = "mstar:step_duration_seconds"
-STEP_HOST_METRIC = "mstar:step_host_duration_seconds"
 COMPANY_FIRST_INDEX = 1000  # company requests: their own prompts' seeds, away from the measured ones
 
 
@@ -44,61 +49,6 @@ class SuiteOptions:
     company_sizes: list[str] = field(default_factory=list)  # parity: requests in flight with request 0
     boot_s: float | None = None  # time to /ready, measured by the caller
     max_duration_s: float = 1e9
-
-
-def recompiles_from_metrics(text: str) -> int:
-    """Sum of every `mstar:recompiles_total{...}` sample (0 before the first recompile)."""
-    total = 0.0
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name == RECOMPILES_METRIC:
-            total += float(line.rsplit(" ", 1)[1])
-    return int(total)
-
-
-def node_seconds_from_metrics(text: str) -> dict[str, list[float]]:
-    """node -> [device seconds, steps, host seconds] summed over `mstar:step_duration_seconds` and
-    `mstar:step_host_duration_seconds` (their sum and count samples)."""
-    columns = {STEP_METRIC + "_sum": 0, STEP_METRIC + "_count": 1, STEP_HOST_METRIC + "_sum": 2}
-    totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        column = columns.get(line.split("{", 1)[0])
-        if column is None or 'node="' not in line:
-            continue
-        node = line.split('node="', 1)[1].split('"', 1)[0]
-        totals.setdefault(node, [0.0, 0.0, 0.0])[column] += float(line.rsplit(" ", 1)[1])
-    return totals
-
-
-def node_breakdown(before: dict, after: dict, num_requests: int) -> dict[str, dict[str, float]]:
-    """Per node, between two scrapes: ms per step and ms per request (where the time went)."""
-    breakdown = {}
-    for node, (seconds, steps, host_seconds) in after.items():
-        seconds_before, steps_before, host_seconds_before = before.get(node, [0.0, 0.0, 0.0])
-        seconds, steps = seconds - seconds_before, steps - steps_before
-        host_seconds -= host_seconds_before
-        if steps > 0 and num_requests > 0:
-            breakdown[node] = {
-                "ms_per_step": 1000 * seconds / steps,
-                "host_ms_per_step": 1000 * host_seconds / steps,
-                "ms_per_request": 1000 * seconds / num_requests,
-                "steps_per_request": steps / num_requests,
-            }
-    return breakdown
-
-
-async def scrape_metrics(client: Any) -> str | None:
-    """None when the server has no /metrics (another server)."""
-    try:
-        response = await client.get("/metrics")
-    except Exception:  # a failed scrape must not end the benchmark
-        return None
-    return response.text if response.status_code == 200 else None
-
-
-async def scrape_recompiles(client: Any) -> int | None:
-    text = await scrape_metrics(client)
-    return None if text is None else recompiles_from_metrics(text)
 
 
 def decode_frames(media: bytes, kind: str) -> Any:
@@ -191,7 +141,7 @@ class _Session:
         return count
 
     async def closed(self, name: str, options: ServeOptions, concurrency: int) -> list[RequestRecord]:
-        before = node_seconds_from_metrics(await scrape_metrics(self.client) or "")
+        text_before = await scrape_metrics(self.client) or ""
         for poller in (self.memory, self.allocated):
             if poller is not None:
                 poller.start_window()
@@ -201,8 +151,14 @@ class _Session:
             self.result["phases"][name]["peak_gpu_memory_gib"] = self.memory.window_peak_gib
         if self.allocated is not None:  # like diffusers' figure (torch.cuda.max_memory_allocated)
             self.result["phases"][name]["peak_gpu_allocated_gib"] = self.allocated.window_peak_gib
-        after = node_seconds_from_metrics(await scrape_metrics(self.client) or "")
-        self.result["phases"][name]["nodes"] = node_breakdown(before, after, len(records))
+        text_after = await scrape_metrics(self.client) or ""
+        self.result["phases"][name]["nodes"] = node_breakdown(
+            node_seconds_from_metrics(text_before), node_seconds_from_metrics(text_after), len(records)
+        )
+        # where a request's time went on the server: its walks, e2e, the API's encode (ms each)
+        self.result["phases"][name]["server_ms_per_request"] = stage_breakdown(
+            stage_seconds_from_metrics(text_before), stage_seconds_from_metrics(text_after), len(records)
+        )
         await self.scrape(f"after_{name}")
         self.on_update(self.result)
         return records

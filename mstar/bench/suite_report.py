@@ -50,6 +50,20 @@ def _parity_cell(entry: dict[str, Any] | None) -> str:
     return f"{same}, {_fmt(psnr, 1)} dB" if psnr is not None else same
 
 
+def _c1_stages_cell(result: dict[str, Any]) -> str:
+    """Where a c=1 request's time went, ms: the client's mean, the server's e2e and walks (from its
+    /metrics), the API's media encode after the request's end."""
+    steady = result.get("phases", {}).get("steady_c1") or {}
+    server_ms = steady.get("server_ms_per_request") or {}
+    if not server_ms or steady.get("latency_mean_s") is None:
+        return "-"
+    walks = ", ".join(f"{name[5:]} {ms:.0f}" for name, ms in server_ms.items() if name.startswith("walk:"))
+    return (
+        f"client {1000 * steady['latency_mean_s']:.0f}; server e2e {_fmt(server_ms.get('e2e'), 0)} "
+        f"(walks: {walks}); media encode {_fmt(server_ms.get('encode'), 1)}"
+    )
+
+
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(metric, value, target) of the headline figures."""
     s, kind, high = result.get("summary", {}), _kind(result), _high(result)
@@ -60,6 +74,7 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("cold (first request after /ready) s", _fmt(s.get("cold_latency_s")), ""),
         ("steady c=1 p50 s", _fmt(s.get("steady_p50_s")), ""),
         ("cold / steady", _fmt(s.get("cold_over_steady")), f"<= {TARGETS['cold_over_steady']:.2f}"),
+        ("c=1 ms a request (mean)", _c1_stages_cell(result), ""),
         ("per min c=1", _fmt(s.get("per_minute_c1")), ""),
         (f"per min c={high}", _fmt(s.get(f"per_minute_c{high}")), ""),
         (f"c={high} / c=1 throughput", _fmt(s.get("throughput_ratio")), f">= {throughput_target}"),

@@ -47,6 +47,7 @@ class Job:
     deadline: float  # monotonic
     admitted_at: float | None = None
     walk: str | None = None
+    walk_started_at: float = 0.0  # monotonic, when the walk was dispatched
     next_walk: str | None = None
     num_walks: int = 0
     workers: set[int] = field(default_factory=set)  # workers the current walk needs
@@ -169,6 +170,7 @@ class Conductor:
         worker = self._first_worker(walk)
         next_worker = m.CONDUCTOR if next_walk is None else self._first_worker(next_walk)
         job.walk, job.next_walk = walk, next_walk
+        job.walk_started_at = time.monotonic()
         job.workers = {self.owner[name] for name in self.spec.walks[walk].nodes()}
         job.workers |= {w for w in (next_worker, previous_worker) if w is not None and w != m.CONDUCTOR}
         await_stash = previous_worker is not None and previous_worker != worker
@@ -215,6 +217,7 @@ class Conductor:
         if job is None or job.walk != message.walk:
             self.store.unlink_all(list(message.outputs))  # the request ended meanwhile
             return
+        self.metrics.observe_walk(message.walk, time.monotonic() - job.walk_started_at)
         if job.next_walk is not None:
             self._dispatch(job, job.next_walk, previous_worker=message.worker)
             return

@@ -15,6 +15,9 @@ class MetricsSink(Protocol):
     def observe_request_end(self, outcome: str, latency_s: float) -> None:
         """outcome: completed | failed | aborted | timeout"""
 
+    def observe_walk(self, walk: str, seconds: float) -> None:
+        """A walk's time from its dispatch to its WalkDone, in the conductor."""
+
     def count_recompile(self, node: str, count: int) -> None: ...
 
     def count_node_events(self, node: str, increments: dict[str, int]) -> None: ...
@@ -35,6 +38,9 @@ class NullMetrics:
         pass
 
     def observe_request_end(self, outcome: str, latency_s: float) -> None:
+        pass
+
+    def observe_walk(self, walk: str, seconds: float) -> None:
         pass
 
     def count_recompile(self, node: str, count: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -86,12 +88,26 @@ def test_metrics_present_and_moving(image_client):
     assert after[("mstar:e2e_request_latency_seconds_count", (model,))] >= 2
     assert after[("mstar:request_queue_time_seconds_count", (model,))] >= 2
     assert after[("mstar:recompiles_total", (model, ("node", "dit")))] == 2
+    encodes = ("mstar:media_encode_seconds_count", (("format", "png"), model))
+    assert after[encodes] - before.get(encodes, 0) == 1  # one response: both images and the body
     hits = ("mstar:node_events_total", (("event", "prompt_cache_hits"), model, ("node", "text_encoder")))
     assert after[hits] == 4
     assert (
         "mstar:node_events_total",
         (("event", "prompt_cache_misses"), model, ("node", "text_encoder")),
     ) not in after
+
+
+def test_video_jobs_report_their_mp4_encode(video_client):
+    client, _ = video_client
+    encodes = ("mstar:media_encode_seconds_count", (("format", "mp4"), ("model_name", "fake-video")))
+    before = scrape(client).get(encodes, 0)
+    job = client.post("/v1/videos", json={"prompt": "x", "num_frames": 5, "num_inference_steps": 2}).json()
+    for _ in range(500):
+        if client.get(f"/v1/videos/{job['id']}").json()["status"] == "completed":
+            break
+        time.sleep(0.01)
+    assert scrape(client)[encodes] - before == 1
 
 
 def test_running_gauge_reads_runtime_stats(video_client):

@@ -12,16 +12,14 @@ import numpy as np
 import pytest
 
 from mstar.bench.serve import RequestRecord, ServeOptions
-from mstar.bench.serve_suite import (
-    SuiteOptions,
-    compare_outputs,
+from mstar.bench.serve_suite import SuiteOptions, compare_outputs, psnr_db, run_serve_suite, summary
+from mstar.bench.server_metrics import (
     node_breakdown,
     node_seconds_from_metrics,
-    psnr_db,
     recompiles_from_metrics,
-    run_serve_suite,
     scrape_recompiles,
-    summary,
+    stage_breakdown,
+    stage_seconds_from_metrics,
 )
 from mstar.bench.suite_report import H200_MD_NOTE, suite_comparison_rows, suite_table
 
@@ -73,6 +71,23 @@ def test_node_breakdown_reads_step_durations_from_our_metrics_text():
     assert breakdown["dit"]["ms_per_request"] == pytest.approx(200.0)
     assert breakdown["dit"]["steps_per_request"] == pytest.approx(2.0)
     assert breakdown["vae_decoder"]["ms_per_request"] == pytest.approx(60.0)
+
+
+def test_stage_breakdown_reads_walks_e2e_and_encode_from_our_metrics_text():
+    from mstar.api.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics("m")
+    metrics.observe_walk("encode_text", 0.5)  # before the phase: left out
+    before = stage_seconds_from_metrics(metrics.render().decode())
+    for _ in range(2):
+        metrics.observe_walk("encode_text", 0.02)
+        metrics.observe_walk("t2v", 6.0)
+        metrics.observe_request_end("completed", 6.1)
+        metrics.observe_media_encode("mp4", 0.05)
+    breakdown = stage_breakdown(before, stage_seconds_from_metrics(metrics.render().decode()), num_requests=2)
+    assert breakdown == pytest.approx(
+        {"walk:encode_text": 20.0, "walk:t2v": 6000.0, "e2e": 6100.0, "encode": 50.0}
+    )
 
 
 def test_psnr_and_output_comparison():
@@ -158,6 +173,9 @@ def test_suite_against_tiny_digits(tmp_path):
     for phase in phases.values():
         assert phase["errors"] == {} and phase["num_completed"] == 2
     assert [r["size"] for r in phases["mixed"]["requests"]] == ["256x256", "256x256"]
+    server_ms = phases["steady_c1"]["server_ms_per_request"]  # from the server's /metrics
+    assert {"e2e", "encode"} <= set(server_ms) and any(stage.startswith("walk:") for stage in server_ms)
+    assert 0 < server_ms["e2e"] < 1000 * phases["steady_c1"]["latency_mean_s"]
     s = result["summary"]
     assert s["boot_s"] == 1.5
     assert s["peak_gpu_allocated_c1_gib"] == 0.0  # read from the server's /metrics: no GPU here
@@ -173,6 +191,7 @@ def test_suite_against_tiny_digits(tmp_path):
     assert len(updates) >= 4 and "steady_c1" in updates[1]["phases"]
     table = suite_table(result)
     assert "| cold / steady |" in table and "| parity: alone vs with_company |" in table
+    assert f"server e2e {server_ms['e2e']:.0f} (walks: " in table
     rows = suite_comparison_rows(result | {"workload": "zimage-1024"}, [])
     assert any("1.42†" in row for row in rows)  # H200.md's diffusers p50, marked
     assert H200_MD_NOTE.startswith("†")

@@ -13,7 +13,7 @@ from tests.runtime.helpers import final_event, make_config, run, until_progress,
 class RecordingMetrics:
     def __init__(self):
         self.queue_times, self.steps, self.ends, self.recompiles = [], [], [], []
-        self.host_durations_s, self.gpu_memory = [], []
+        self.host_durations_s, self.gpu_memory, self.walks = [], [], []
 
     def observe_queue_time(self, seconds):
         self.queue_times.append(seconds)
@@ -24,6 +24,9 @@ class RecordingMetrics:
 
     def observe_request_end(self, outcome, latency_s):
         self.ends.append(outcome)
+
+    def observe_walk(self, walk, seconds):
+        self.walks.append((walk, seconds))
 
     def observe_gpu_memory(self, worker, peak_allocated_bytes):
         self.gpu_memory.append((worker, peak_allocated_bytes))
@@ -136,9 +139,15 @@ def test_no_shared_memory_is_left_after_requests(loop, runtime):
 
 def test_metrics_see_steps_endings_and_recompiles(loop, runtime):
     metrics = runtime.metrics
-    before = len(metrics.ends)
-    run(loop, runtime.submit({"seed": 1, "steps": 2, "recompile": True, "cost": 3}).result())
+    before, walks_before = len(metrics.ends), len(metrics.walks)
+    run(
+        loop,
+        runtime.submit({"seed": 1, "steps": 2, "recompile": True, "cost": 3, "step_sleep_s": 0.05}).result(),
+    )
     assert metrics.ends[before:] == ["completed"]
+    walks = metrics.walks[walks_before:]
+    assert [walk for walk, _ in walks] == ["encode", "generate"]  # each walk's time, in order
+    assert walks[1][1] >= 2 * 0.05  # the generate walk holds both sleeping denoise steps
     assert metrics.recompiles == [("denoiser", 1), ("denoiser", 1)]  # one per step that recompiled
     assert ("denoiser", 1, 3) in [step[:3] for step in metrics.steps]
     assert {step[0] for step in metrics.steps} == {"encoder", "aux", "denoiser", "decoder"}

@@ -1,0 +1,96 @@
+"""What our server's /metrics says about a benchmark phase: recompiles, each node's device and host
+time per step, and where a request's time went on the server (its walks, its end to end, the API's
+media encode). Another server has no such metrics: its scrapes give None and the figures are left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RECOMPILES_METRIC = "mstar:recompiles_total"
+STEP_METRIC = "mstar:step_duration_seconds"
+STEP_HOST_METRIC = "mstar:step_host_duration_seconds"
+E2E_METRIC = "mstar:e2e_request_latency_seconds"
+WALK_METRIC = "mstar:walk_duration_seconds"
+ENCODE_METRIC = "mstar:media_encode_seconds"
+
+
+def recompiles_from_metrics(text: str) -> int:
+    """Sum of every `mstar:recompiles_total{...}` sample (0 before the first recompile)."""
+    total = 0.0
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == RECOMPILES_METRIC:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def node_seconds_from_metrics(text: str) -> dict[str, list[float]]:
+    """node -> [device seconds, steps, host seconds] summed over `mstar:step_duration_seconds` and
+    `mstar:step_host_duration_seconds` (their sum and count samples)."""
+    columns = {STEP_METRIC + "_sum": 0, STEP_METRIC + "_count": 1, STEP_HOST_METRIC + "_sum": 2}
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        column = columns.get(line.split("{", 1)[0])
+        if column is None or 'node="' not in line:
+            continue
+        node = line.split('node="', 1)[1].split('"', 1)[0]
+        totals.setdefault(node, [0.0, 0.0, 0.0])[column] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def node_breakdown(before: dict, after: dict, num_requests: int) -> dict[str, dict[str, float]]:
+    """Per node, between two scrapes: ms per step and ms per request (where the time went)."""
+    breakdown = {}
+    for node, (seconds, steps, host_seconds) in after.items():
+        seconds_before, steps_before, host_seconds_before = before.get(node, [0.0, 0.0, 0.0])
+        seconds, steps = seconds - seconds_before, steps - steps_before
+        host_seconds -= host_seconds_before
+        if steps > 0 and num_requests > 0:
+            breakdown[node] = {
+                "ms_per_step": 1000 * seconds / steps,
+                "host_ms_per_step": 1000 * host_seconds / steps,
+                "ms_per_request": 1000 * seconds / num_requests,
+                "steps_per_request": steps / num_requests,
+            }
+    return breakdown
+
+
+async def scrape_metrics(client: Any) -> str | None:
+    """None when the server has no /metrics (another server)."""
+    try:
+        response = await client.get("/metrics")
+    except Exception:  # a failed scrape must not end the benchmark
+        return None
+    return response.text if response.status_code == 200 else None
+
+
+async def scrape_recompiles(client: Any) -> int | None:
+    text = await scrape_metrics(client)
+    return None if text is None else recompiles_from_metrics(text)
+
+
+def stage_seconds_from_metrics(text: str) -> dict[str, list[float]]:
+    """stage -> [seconds, count] summed over the samples of the request-level histograms:
+    "e2e" (submission to end, in the conductor), "walk:<name>" per walk, "encode" (the API's)."""
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        metric, _, sample = name.rpartition("_")
+        if sample not in ("sum", "count") or metric not in (E2E_METRIC, WALK_METRIC, ENCODE_METRIC):
+            continue
+        stage = {E2E_METRIC: "e2e", ENCODE_METRIC: "encode"}.get(metric)
+        if stage is None:
+            stage = "walk:" + line.split('walk="', 1)[1].split('"', 1)[0]
+        totals.setdefault(stage, [0.0, 0.0])[sample == "count"] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def stage_breakdown(before: dict, after: dict, num_requests: int) -> dict[str, float]:
+    """ms per request of each stage between two scrapes ("e2e", "walk:<name>", "encode")."""
+    breakdown = {}
+    for stage, (seconds, count) in after.items():
+        seconds_before, count_before = before.get(stage, [0.0, 0.0])
+        if count > count_before and num_requests > 0:
+            breakdown[stage] = 1000 * (seconds - seconds_before) / num_requests
+    return breakdown
