@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mstar.api.png import NUM_STRIPS, encode_png, sub_filtered_rows
+from mstar.api.png import NUM_STRIPS, adler32_combine, encode_png, sub_filtered_rows
 
 
 def decoded(png: bytes) -> np.ndarray:
@@ -63,3 +63,15 @@ def test_sub_filter_is_the_left_difference_mod_256():
 def test_rejects_what_is_not_uint8_rgb(bad):
     with pytest.raises(ValueError, match="uint8"):
         encode_png(bad)
+
+
+def test_adler32_of_joined_strips_is_combined_from_theirs():
+    rng = np.random.default_rng(3)
+    for first_length, second_length in ((0, 5), (1, 1), (7, 0), (70_000, 130_000), (5_552, 65_521 * 2 + 3)):
+        first = rng.integers(0, 256, first_length, dtype=np.uint8).tobytes()
+        second = rng.integers(0, 256, second_length, dtype=np.uint8).tobytes()
+        combined = adler32_combine(zlib.adler32(first), zlib.adler32(second), len(second))
+        assert combined == zlib.adler32(first + second)
+    assert adler32_combine(zlib.adler32(b"\xff" * 9000), zlib.adler32(b"\xff" * 9000), 9000) == zlib.adler32(
+        b"\xff" * 18000
+    )
