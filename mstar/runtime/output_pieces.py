@@ -28,7 +28,7 @@ class PieceSender:
     def __call__(self, key: str, piece: Any) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"emit_output needs an output name, got {key!r}")
-        array, dtype_name = to_numpy(piece)  # waits for the device's copy of this piece only
+        array, dtype_name = to_numpy(piece)  # a device tensor: copied here, after the work queued before it
         if array.ndim == 0:
             raise ValueError(f"output '{key}': a piece needs an axis 0 to join along, got a scalar")
         ref = self.store.write(self.rid, key, array, dtype_name)
