@@ -32,6 +32,10 @@ class VideoJob:
     request_id: str
     status: str = "queued"  # queued | in_progress | completed | failed
     progress: int = 0
+    num_steps_done: int = 0  # denoise steps, from the runtime's progress events
+    num_steps: int = 0
+    first_step_at: float | None = None  # monotonic times of the first and latest step seen
+    last_step_at: float | None = None
     completed_at: float | None = None
     expires_at: float | None = None
     error: dict[str, Any] | None = None

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from mstar.api.media import Mp4Writer, decode_mp4, encode_mp4
-from mstar.api.store import JobStore
+from mstar.api.routes_videos import MAX_POLL_AFTER_MS, MIN_POLL_AFTER_MS, poll_after_ms
+from mstar.api.store import JobStore, VideoJob
 from tests.api.conftest import build_client
 from tests.api.fakes import FakeVideoSpec, seeded_frames
 
@@ -49,11 +50,26 @@ def test_progress_moves_and_poll_header(video_client):
     job = client.post("/v1/videos", json={**VIDEO, "num_inference_steps": 20}).json()
     running = wait_for(client, job["id"], statuses=("in_progress",))
     response = client.get(f"/v1/videos/{job['id']}")
-    assert response.headers["openai-poll-after-ms"] == "500"
+    assert MIN_POLL_AFTER_MS <= int(response.headers["openai-poll-after-ms"]) <= MAX_POLL_AFTER_MS
     assert 0 < running["progress"] < 100
     assert client.get(f"/v1/videos/{job['id']}/content").json()["error"]["code"] == "video_not_ready"
     assert wait_for(client, job["id"])["status"] == "completed"
     assert "openai-poll-after-ms" not in client.get(f"/v1/videos/{job['id']}").headers
+
+
+def test_poll_hint_shrinks_as_the_job_nears_its_end():
+    job = VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
+    assert poll_after_ms(job) == MAX_POLL_AFTER_MS  # queued: no pace yet
+    job.num_steps, job.num_steps_done, job.first_step_at, job.last_step_at = 50, 1, 10.0, 10.0
+    assert poll_after_ms(job) == MAX_POLL_AFTER_MS  # one step: still no pace
+    job.num_steps_done, job.last_step_at = 11, 11.2  # 0.12 s a step, 39 left: 4.7 s
+    assert poll_after_ms(job) == MAX_POLL_AFTER_MS
+    job.num_steps_done, job.last_step_at = 46, 15.4  # 4 steps left: 0.48 s
+    assert poll_after_ms(job) == 240
+    job.num_steps_done, job.last_step_at = 49, 15.76  # 1 step left: 0.12 s
+    assert poll_after_ms(job) == MIN_POLL_AFTER_MS
+    job.num_steps_done = 50  # decoding and muxing
+    assert poll_after_ms(job) == MIN_POLL_AFTER_MS
 
 
 def test_cancel_running_job(video_client):
