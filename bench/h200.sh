@@ -59,6 +59,7 @@
 #          with clips muxed whole, then streamed to the muxer as the VAE decodes.
 #  call18: carry .whl_pack; Z-Image 1024 and Wan 480p at c=1 only: a request's time by stage.
 #  call19: carry .whl_pack; the encodes, then Z-Image 1024 at c=1 (after the PNG writer's rework).
+#  call20: carry .whl_pack; Wan's prompt encoder under CUDA graphs (GPU test), then Wan at c=1.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
@@ -68,7 +69,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -90,7 +91,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -332,6 +333,10 @@ print('muxed whole vs streamed, first video:', 'identical bytes' if a == b else 
     guarded encode-speed 60 python3 bench/encode_speed.py
     suite_phase z-image-turbo zimage-1024 '["1024x1024"]' 20 \
       --num-steady 8 --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}" ;;
+  call20)  # carry .whl_pack: Wan's prompt encoder under CUDA graphs: its GPU test, then Wan at c=1
+    guarded gpu-tests 45 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/wan22/test_text_graphs.py
+    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' 20 --sizes 832x480 \
+      --num-steady 4 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     wan_suite

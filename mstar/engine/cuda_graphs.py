@@ -2,10 +2,11 @@
 
 A text encoder's forward over one short prompt is a thousand small kernels: on an H200 host
 Qwen3-4B spends 32 ms launching them (52 ms after an idle gap) for under 2 ms of weight reads.
-Replaying a captured graph launches them all at once. The function must be causal over its
-sequence (a token sees only those before it), so that right-padding a sequence to its bucket
-leaves the real tokens' outputs as they were; it must not read the device back (capture forbids
-it). Sequences longer than the largest bucket run eagerly.
+Replaying a captured graph launches them all at once. Right-padding a sequence to its bucket must
+leave the real tokens' outputs as they were: the function is causal over its sequence (a token
+sees only those before it), or it takes a key mask (`key_mask=True`: fn(inputs, valid), valid
+[1, L] bool marking the real tokens) and lets no token attend to the padding. It must not read the
+device back (capture forbids it). Sequences longer than the largest bucket run eagerly.
 """
 
 from __future__ import annotations
@@ -21,26 +22,41 @@ NUM_WARMUP_RUNS = 2  # before capture, on a side stream: lazy inits (cuBLAS hand
 
 
 class GraphedByLength:
-    """fn(ids [1, L] int64 on `device`) -> [1, L, ...]; captured per bucket by `capture()`.
+    """fn(inputs [1, L, *row_shape] of `dtype` on `device`) -> [1, L, ...]; captured per bucket by
+    `capture()`. Token ids by default (row_shape (), int64); embeddings with row_shape (dim,).
 
-    A call pads `ids` with `pad_id` to the smallest bucket that holds them, replays that bucket's
+    A call pads `inputs` with `pad_id` to the smallest bucket that holds them, replays that bucket's
     graph, and returns a copy of the first L rows (the graph's output buffer is reused by the next
-    replay). Before `capture()`, and on other devices than CUDA, it runs `fn` eagerly. `device`
-    must be the process's current GPU (workers make their group's GPU current: worker.use_device)."""
+    replay). With `key_mask`, fn also takes valid [1, L] bool (True on the real tokens; all True
+    when it runs eagerly, unpadded). Before `capture()`, and on other devices than CUDA, it runs
+    `fn` eagerly. `device` must be the process's current GPU (workers make their group's GPU
+    current: worker.use_device)."""
 
     def __init__(
         self,
-        fn: Callable[[torch.Tensor], torch.Tensor],
+        fn: Callable[..., torch.Tensor],
         pad_id: int,
         device: torch.device | str,
         bucket_lengths: tuple[int, ...] = DEFAULT_BUCKET_LENGTHS,
+        row_shape: tuple[int, ...] = (),
+        dtype: torch.dtype = torch.long,
+        key_mask: bool = False,
     ):
         self.fn = fn
         self.pad_id = pad_id
         self.device = torch.device(device)
         self.bucket_lengths = tuple(sorted(bucket_lengths))
-        # bucket length -> (graph, its input buffer [1, L], its output buffer [1, L, ...])
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.row_shape = tuple(row_shape)
+        self.dtype = dtype
+        self.key_mask = key_mask
+        # bucket length -> (graph, its input buffer [1, L, ...], its valid buffer [1, L] or None,
+        # its output buffer [1, L, ...])
+        self._graphs: dict[
+            int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None, torch.Tensor]
+        ] = {}
+
+    def _run(self, inputs: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        return self.fn(inputs, valid) if self.key_mask else self.fn(inputs)
 
     @property
     def captured(self) -> bool:
@@ -63,30 +79,37 @@ class GraphedByLength:
         one at a time."""
         pool = torch.cuda.graph_pool_handle()
         for length in sorted(self.bucket_lengths, reverse=True):
-            ids = torch.full((1, length), self.pad_id, dtype=torch.long, device=self.device)
+            inputs = torch.full(
+                (1, length, *self.row_shape), self.pad_id, dtype=self.dtype, device=self.device
+            )
+            valid = torch.ones((1, length), dtype=torch.bool, device=self.device) if self.key_mask else None
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(NUM_WARMUP_RUNS):
-                    self.fn(ids)
+                    self._run(inputs, valid)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                output = self.fn(ids)
-            self._graphs[length] = (graph, ids, output)
+                output = self._run(inputs, valid)
+            self._graphs[length] = (graph, inputs, valid, output)
         log.info("captured %d CUDA graphs (lengths %s)", len(self._graphs), list(self.bucket_lengths))
 
     def bucket_for(self, length: int) -> int | None:
         return next((bucket for bucket in self.bucket_lengths if bucket >= length), None)
 
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [1, L] on the device -> fn's output [1, L, ...] (a tensor of its own)."""
-        length = ids.shape[1]
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [1, L, ...] on the device -> fn's output [1, L, ...] (a tensor of its own)."""
+        length = inputs.shape[1]
         bucket = self.bucket_for(length)
         if bucket is None or bucket not in self._graphs:
-            return self.fn(ids)
-        graph, static_ids, static_output = self._graphs[bucket]
-        static_ids[:, :length].copy_(ids)
-        static_ids[:, length:].fill_(self.pad_id)
+            valid = torch.ones((1, length), dtype=torch.bool, device=inputs.device) if self.key_mask else None
+            return self._run(inputs, valid)
+        graph, static_inputs, static_valid, static_output = self._graphs[bucket]
+        static_inputs[:, :length].copy_(inputs)
+        static_inputs[:, length:].fill_(self.pad_id)
+        if static_valid is not None:
+            static_valid[:, :length].fill_(True)
+            static_valid[:, length:].fill_(False)
         graph.replay()
         return static_output[:, :length].clone()

@@ -156,7 +156,14 @@ def _text_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, d
     offload = ctx.config.offload_text_encoder and ctx.device.startswith("cuda")
     if ctx.config.offload_text_encoder and not offload:
         logger.info("offload_text_encoder: the text encoder runs on %s, nothing to offload", ctx.device)
-    encoder = PromptEncoder(model, tokenizer, ctx.device, config.max_text_tokens, offload=offload)
+    encoder = PromptEncoder(
+        model,
+        tokenizer,
+        ctx.device,
+        config.max_text_tokens,
+        offload=offload,
+        cuda_graphs=ctx.config.cuda_graphs,
+    )
     return WanTextEncoderNode(
         encoder,
         max_batch_size=ctx.config.max_batch_size,

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mstar.engine.cuda_graphs import DEFAULT_BUCKET_LENGTHS, GraphedByLength
 from mstar.engine.transfer import to_device
 from mstar.models.checkpoint import build_module
 from mstar.models.text_encoding import PromptEmbedsNode
@@ -64,7 +65,9 @@ class PromptEncoder:
     """Prompts -> UMT5 embeddings. The 256k-row token embedding (2.1 GB for UMT5-XXL) stays in host
     memory: a prompt gathers at most 512 of its rows there, and only those travel. With `offload`,
     the blocks' weights live in host memory too and stream to the device for each forward
-    (mstar.engine.offload)."""
+    (mstar.engine.offload). With `cuda_graphs` (CUDA, not offloaded), the encoder replays one CUDA
+    graph per length bucket: UMT5 attends both ways, so a prompt padded to its bucket masks the
+    padding out as keys, as the pipeline does at 512 tokens."""
 
     def __init__(
         self,
@@ -73,11 +76,13 @@ class PromptEncoder:
         device: str | torch.device,
         max_text_tokens: int = 512,
         offload: bool = False,
+        cuda_graphs: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_text_tokens = max_text_tokens
+        self.hidden = self._last_hidden
         # One host copy of the table: loaded weights may tie it to embed_tokens through two
         # parameters, so the encoder is pointed at the moved module.
         self.model.shared.to("cpu")
@@ -89,6 +94,18 @@ class PromptEncoder:
             self.streamed = StreamedBlocks(self.model.encoder.block, self.device)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the moved weights' device blocks go back to the driver
+        if cuda_graphs and not offload and self.device.type == "cuda":
+            buckets = tuple(n for n in DEFAULT_BUCKET_LENGTHS if n < max_text_tokens)
+            self.hidden = GraphedByLength(
+                self._last_hidden, 0, self.device, (*buckets, max_text_tokens),
+                row_shape=(model.config.d_model,), dtype=next(model.encoder.block.parameters()).dtype,
+                key_mask=True,
+            )  # fmt: skip
+
+    def warmup(self) -> None:
+        """Capture the CUDA graphs (one per length bucket), when they are on."""
+        if isinstance(self.hidden, GraphedByLength):
+            self.hidden.capture()
 
     @torch.inference_mode()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
@@ -109,7 +126,22 @@ class PromptEncoder:
             return_tensors="pt",
         )["input_ids"]  # [1, num_tokens] on the host
         embeds = to_device(self.model.shared(ids), self.device)  # [1, num_tokens, d_model] from the host
-        return self.model(inputs_embeds=embeds).last_hidden_state[0]  # [num_tokens, d_model]
+        return self.hidden(embeds)[0]  # [num_tokens, d_model]
+
+    def _last_hidden(self, embeds: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """UMT5's last hidden state [1, L, d_model]. `valid` [1, L] bool marks the real tokens: the
+        others are masked out as keys (an additive mask: 0 on the real ones leaves their scores,
+        and so their states, exactly as unmasked). Without it, transformers' own forward."""
+        if valid is None:
+            return self.model(inputs_embeds=embeds).last_hidden_state
+        encoder = self.model.encoder
+        mask = torch.zeros(valid.shape, dtype=embeds.dtype, device=embeds.device)
+        mask = mask.masked_fill(~valid, torch.finfo(embeds.dtype).min)[:, None, None, :]  # [1, 1, 1, L]
+        hidden = embeds
+        for block in encoder.block:
+            hidden = block(hidden, mask)
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden  # older transformers: a tuple
+        return encoder.final_layer_norm(hidden)
 
 
 class WanTextEncoderNode(PromptEmbedsNode):
