@@ -87,6 +87,11 @@ class Mp4Writer:
         self._size: tuple[int, int] | None = None  # (height, width) of the frames given
         self._closed = False
 
+    @property
+    def frame_size(self) -> tuple[int, int] | None:
+        """(height, width) of the frames written, before any padding; None before the first."""
+        return self._size
+
     def write(self, frames: Any) -> None:
         import av
 

@@ -16,9 +16,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError, error_body
-from mstar.api.media import IMAGE_MEDIA_TYPES, VIDEO_MEDIA_TYPE, encode_image, encode_mp4
+from mstar.api.media import IMAGE_MEDIA_TYPES, VIDEO_MEDIA_TYPE, encode_image
 from mstar.api.middleware import read_fields
-from mstar.api.routes_videos import DEFAULT_FPS, read_reference
+from mstar.api.routes_videos import mux_video, read_reference
 from mstar.api.schemas import NativeGenerateRequest
 from mstar.api.service import Generator, Submitted
 from mstar.api.state import server_state
@@ -32,26 +32,45 @@ def _line(event: dict[str, Any]) -> bytes:
     return (json.dumps(event) + "\n").encode()
 
 
-def encode_media(
-    frames: Any, output_kind: str, params: dict[str, Any], output_format: str
-) -> tuple[bytes, str]:
-    if output_kind == "video":
-        return encode_mp4(frames, int(params.get("fps") or DEFAULT_FPS)), VIDEO_MEDIA_TYPE
+def encode_image_media(frames: Any, output_format: str) -> tuple[bytes, str]:
     return encode_image(frames[0], output_format), IMAGE_MEDIA_TYPES[output_format]
 
 
-async def _follow(generator: Generator, index: int, item: Submitted, queue: asyncio.Queue) -> None:
-    """Push this request's progress, then its frames or its error, onto the shared queue."""
+async def _output(generator: Generator, item: Submitted, output_format: str, on_progress) -> dict[str, Any]:
+    """One request's output line fields: the media encoded in a thread; a video's MP4
+    muxed as its frames come (routes_videos.mux_video)."""
+    if generator.spec.output_kind == "video":
+        data, writer = await mux_video(generator, item, on_progress)
+        media_type, num_frames, (height, width) = VIDEO_MEDIA_TYPE, writer.num_frames, writer.frame_size
+    else:
+        frames = await generator.frames(item, on_progress)
+        data, media_type = await asyncio.to_thread(encode_image_media, frames, output_format)
+        num_frames, height, width = frames.shape[:3]
+    return {
+        "media_type": media_type,
+        "width": int(width),
+        "height": int(height),
+        "num_frames": int(num_frames),
+        "seed": item.params.get("seed"),
+        "data": base64.b64encode(data).decode("ascii"),
+    }
+
+
+async def _follow(
+    generator: Generator, index: int, item: Submitted, output_format: str, queue: asyncio.Queue
+) -> None:
+    """Push this request's progress, then its output line or its error, onto the shared queue."""
 
     def on_progress(step: int, total: int) -> None:
         queue.put_nowait(("progress", index, {"step": step, "total": total}))
 
     try:
-        queue.put_nowait(("frames", index, await generator.frames(item, on_progress)))
+        queue.put_nowait(("output", index, await _output(generator, item, output_format, on_progress)))
     except ApiError as error:
         queue.put_nowait(("error", index, error))
     except Exception:
         logger.exception("native request %s failed", item.handle.request_id)
+        generator.abort_all([item])  # an encode that failed mid-clip: stop the request too
         queue.put_nowait(("error", index, ApiError(500, GENERIC_INTERNAL_MESSAGE, type="server_error")))
 
 
@@ -59,7 +78,10 @@ async def _stream(
     generator: Generator, submitted: list[Submitted], output_format: str
 ) -> AsyncIterator[bytes]:
     queue: asyncio.Queue = asyncio.Queue()
-    tasks = [asyncio.create_task(_follow(generator, i, item, queue)) for i, item in enumerate(submitted)]
+    tasks = [
+        asyncio.create_task(_follow(generator, i, item, output_format, queue))
+        for i, item in enumerate(submitted)
+    ]
     unfinished = set(range(len(submitted)))
     try:
         while unfinished:
@@ -78,24 +100,7 @@ async def _stream(
                 return
             else:
                 unfinished.discard(index)
-                params = submitted[index].params
-                output_kind = generator.spec.output_kind
-                data, media_type = await asyncio.to_thread(
-                    encode_media, value, output_kind, params, output_format
-                )
-                num_frames, height, width = value.shape[:3]
-                yield _line(
-                    {
-                        "type": "output",
-                        "index": index,
-                        "media_type": media_type,
-                        "width": int(width),
-                        "height": int(height),
-                        "num_frames": int(num_frames),
-                        "seed": params.get("seed"),
-                        "data": base64.b64encode(data).decode("ascii"),
-                    }
-                )
+                yield _line({"type": "output", "index": index, **value})
         yield _line({"type": "done"})
     finally:
         for task in tasks:
@@ -121,5 +126,6 @@ async def generate(request: Request) -> StreamingResponse:
     ]
     generator.check_ready()
     inputs = {"input_reference": reference} if has_reference else None
-    submitted = generator.submit_many(many_params, inputs)
+    stream_frames = state.spec.output_kind == "video" and state.config.stream_video_frames
+    submitted = generator.submit_many(many_params, inputs, stream_frames=stream_frames)
     return StreamingResponse(_stream(generator, submitted, body.output_format or "png"), media_type=NDJSON)

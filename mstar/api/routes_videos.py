@@ -20,7 +20,7 @@ from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
 from mstar.api.media import VIDEO_MEDIA_TYPE, Mp4Writer, decode_base64, decode_data_url, decode_image
 from mstar.api.middleware import read_fields
 from mstar.api.schemas import VideoCreateRequest
-from mstar.api.service import Submitted
+from mstar.api.service import Generator, ProgressCallback, Submitted
 from mstar.api.state import ServerState, server_state
 from mstar.api.store import FINISHED, VideoJob
 from mstar.errors import InvalidParam
@@ -80,6 +80,29 @@ def poll_after_ms(job: VideoJob) -> int:
     return int(min(MAX_POLL_AFTER_MS, max(MIN_POLL_AFTER_MS, left_ms / 2)))
 
 
+async def mux_video(
+    generator: Generator, submitted: Submitted, on_progress: ProgressCallback | None = None
+) -> tuple[bytes, Mp4Writer]:
+    """Follow a video request to its MP4 (and the writer, which knows the frames' count and size).
+    Frames the model sends in pieces are muxed as they come, in a thread; whole frames at the end."""
+    writer = Mp4Writer(int(submitted.params.get("fps") or DEFAULT_FPS))
+
+    async def on_piece(frames: Any) -> None:  # a clip's frames as its chunks decode: mux them now
+        await asyncio.to_thread(writer.write, frames)
+
+    try:
+        outputs = await generator.outputs(submitted, on_progress, on_piece)
+        encode_started = time.perf_counter()
+        if writer.num_frames == 0:  # the model sent its frames whole
+            await asyncio.to_thread(writer.write, generator.media_tensor(outputs))
+        content = await asyncio.to_thread(writer.finish)
+        generator.metrics.observe_media_encode("mp4", time.perf_counter() - encode_started)
+        return content, writer
+    finally:
+        # In a thread: a write of a cancelled request (deleted) may still run there; close waits for it.
+        await asyncio.to_thread(writer.close)
+
+
 async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> None:
     def on_progress(step: int, total: int) -> None:
         now = time.monotonic()
@@ -89,19 +112,8 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> No
         job.first_step_at = job.first_step_at or now
         job.last_step_at = now
 
-    writer = Mp4Writer(int(submitted.params.get("fps") or DEFAULT_FPS))
-
-    async def on_piece(frames: Any) -> None:  # a clip's frames as its chunks decode: mux them now
-        await asyncio.to_thread(writer.write, frames)
-
     try:
-        outputs = await state.generator.outputs(submitted, on_progress, on_piece)
-        job.status = "in_progress"
-        encode_started = time.perf_counter()
-        if writer.num_frames == 0:  # the model sent its frames whole
-            await asyncio.to_thread(writer.write, state.generator.media_tensor(outputs))
-        job.content = await asyncio.to_thread(writer.finish)
-        state.metrics.observe_media_encode("mp4", time.perf_counter() - encode_started)
+        job.content, _ = await mux_video(state.generator, submitted, on_progress)
         state.jobs.finish(job, "completed")
     except ApiError as error:
         job.error = {"code": error.code or "failed", "message": error.message}
@@ -111,9 +123,6 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> No
         state.generator.abort_all([submitted])  # the muxer failed mid-clip: stop the request too
         job.error = {"code": "internal_error", "message": GENERIC_INTERNAL_MESSAGE}
         state.jobs.finish(job, "failed")
-    finally:
-        # In a thread: a write of a cancelled job (deleted) may still run there; close waits for it.
-        await asyncio.to_thread(writer.close)
 
 
 @router.post("/v1/videos")

@@ -126,13 +126,16 @@ class Generator:
         return Submitted(handle, params)
 
     def submit_many(
-        self, many_params: list[dict[str, Any]], inputs: dict[str, Any] | None = None
+        self,
+        many_params: list[dict[str, Any]],
+        inputs: dict[str, Any] | None = None,
+        stream_frames: bool = False,
     ) -> list[Submitted]:
         """All or nothing: if the queue fills part way, the ones already admitted are aborted."""
         submitted: list[Submitted] = []
         try:
             for params in many_params:
-                submitted.append(self.submit(params, inputs))
+                submitted.append(self.submit(params, inputs, stream_frames))
         except BaseException:
             self.abort_all(submitted)
             raise

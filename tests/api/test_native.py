@@ -54,6 +54,18 @@ def test_native_video_stream(video_client):
     assert decode_mp4(base64.b64decode(output["data"])).shape == (5, 32, 32, 3)
 
 
+def test_native_video_muxed_from_pieces_is_the_same_file(video_client):
+    client, runtime = video_client
+    body = {"prompt": "x", "num_frames": 9, "num_inference_steps": 2, "seed": 5}
+    outputs = []
+    for piece_frames in (0, 2):  # whole, then in pieces of 2 frames as a VAE sends them
+        runtime.piece_frames = piece_frames
+        outputs.append(next(e for e in events(client.post("/generate", json=body)) if e["type"] == "output"))
+    runtime.piece_frames = 0
+    assert outputs[0] == outputs[1]
+    assert (outputs[1]["num_frames"], outputs[1]["width"], outputs[1]["height"]) == (9, 32, 32)
+
+
 def test_native_failure_is_an_error_line(image_client):
     client, runtime = image_client
     runtime.fail_kind = "error"
