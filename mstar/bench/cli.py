@@ -12,6 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+POLL_INTERVAL_HELP = (
+    "videos: seconds between status polls; 0 follows the server's openai-poll-after-ms hint at each "
+    "poll, as mstar.client does"
+)
+
 
 def _int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
@@ -54,7 +59,9 @@ def _serve_parser(sub: Any) -> None:
     parser.add_argument("--num-warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=600.0, dest="request_timeout_s")
-    parser.add_argument("--poll-interval", type=float, default=0.25, dest="poll_interval_s")
+    parser.add_argument(
+        "--poll-interval", type=float, default=0.25, dest="poll_interval_s", help=POLL_INTERVAL_HELP
+    )
     parser.add_argument("--api-key")
     parser.add_argument("--video-form", action="store_true", help="POST /v1/videos as multipart form")
     _add_output(parser, "serve")
@@ -87,7 +94,9 @@ def _suite_parser(sub: Any) -> None:
     parser.add_argument("--max-duration", type=float, default=1e9, dest="max_duration_s", help="time guard")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=600.0, dest="request_timeout_s")
-    parser.add_argument("--poll-interval", type=float, default=0.25, dest="poll_interval_s")
+    parser.add_argument(
+        "--poll-interval", type=float, default=0.25, dest="poll_interval_s", help=POLL_INTERVAL_HELP
+    )
     parser.add_argument("--api-key")
     _add_output(parser, "serve-suite")
 

@@ -130,6 +130,15 @@ async def _send_image(client: Any, options: ServeOptions, record: RequestRecord)
         record.media = base64.b64decode(data[0]["b64_json"])  # the image as a user gets it
 
 
+def poll_wait_s(poll_interval_s: float, headers: Any) -> float:
+    """The wait before the next status poll: `poll_interval_s`, or with 0 the server's hint (as a
+    client that follows `openai-poll-after-ms` at each poll waits; 1 s without one)."""
+    if poll_interval_s > 0:
+        return poll_interval_s
+    hinted_ms = headers.get("openai-poll-after-ms")
+    return int(hinted_ms) / 1000 if hinted_ms else 1.0
+
+
 async def _send_video(client: Any, options: ServeOptions, record: RequestRecord) -> None:
     body = request_body(options, record.index)
     if options.video_form:
@@ -141,7 +150,7 @@ async def _send_video(client: Any, options: ServeOptions, record: RequestRecord)
     job = response.json()
     video_id = job["id"]
     while job.get("status") not in ("completed", "failed", "cancelled"):
-        await asyncio.sleep(options.poll_interval_s)
+        await asyncio.sleep(poll_wait_s(options.poll_interval_s, response.headers))
         response = await client.get(f"/v1/videos/{video_id}")
         _check(response)
         job = response.json()

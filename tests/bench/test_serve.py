@@ -8,6 +8,7 @@ from mstar.bench.serve import (
     RequestRecord,
     ServeOptions,
     poisson_arrivals_s,
+    poll_wait_s,
     request_body,
     run_serve_benchmark,
     summarize,
@@ -84,6 +85,12 @@ def test_videos_poll_progress_and_count_failed_jobs():
     assert run["videos_per_minute"] > 0
     completed = [r for r in run["requests"] if r["ok"]]
     assert all(r["output_bytes"] == 400 for r in completed)
+
+
+def test_a_zero_poll_interval_follows_the_servers_hint():
+    assert poll_wait_s(0.05, {"openai-poll-after-ms": "300"}) == 0.05  # a fixed interval wins
+    assert poll_wait_s(0, {"openai-poll-after-ms": "300"}) == 0.3
+    assert poll_wait_s(0, {}) == 1.0  # no hint: the OpenAI SDK's default
 
 
 def test_timeouts_and_connection_errors_are_counted_by_kind():
