@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mstar.runtime import messages as m
+from mstar.runtime.requests import WorkerRequest
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.tensors import to_numpy
 
@@ -35,6 +36,17 @@ class PieceSender:
         index = self.num_pieces.get(key, 0)
         self.send(m.OutputPiece(self.rid, index, ref))
         self.num_pieces[key] = index + 1
+
+
+def piece_sender(
+    request: WorkerRequest, num_stages: int, store: SegmentStore, send: Callable[[m.Message], None]
+) -> PieceSender | None:
+    """The `emit_output` of a WorkerRequest entering a stage: a sender in the last stage of its
+    final walk, else None. Only there do the pieces and the WalkDone that counts them leave from
+    one worker on one connection, in order."""
+    if request.next_worker != m.CONDUCTOR or request.stage_index != num_stages - 1:
+        return None
+    return PieceSender(store, send, request.rid)
 
 
 def num_pieces_sent(emit_output: Any) -> dict[str, int]:

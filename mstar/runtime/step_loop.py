@@ -18,7 +18,7 @@ from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_ca
 from mstar.graph import Loop, ModelSpec, Node, Parallel, RequestState, Stage, stage_nodes
 from mstar.runtime import messages as m
 from mstar.runtime.node_profile import NodeProfiler
-from mstar.runtime.output_pieces import PieceSender, num_pieces_sent
+from mstar.runtime.output_pieces import num_pieces_sent, piece_sender
 from mstar.runtime.requests import RequestTable, WorkerRequest
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_timer import StepTimer
@@ -138,7 +138,8 @@ class StepLoop:
             return
         local = [name for name in names if self.owner[name] == self.worker]
         remote = sorted({self.owner[name] for name in names} - {self.worker})
-        request.state.emit_output = self._piece_sender(request)
+        num_stages = len(self.spec.walks[request.walk].stages)
+        request.state.emit_output = piece_sender(request, num_stages, self.store, self.to_conductor)
         request.parts_pending = len(local) + len(remote)
         for peer in remote:
             if not self._handoff(request, peer, "fork", move=False):
@@ -167,14 +168,6 @@ class StepLoop:
         request.prepared.add(name)
         queue.waiting[request.rid] = None
         return True
-
-    def _piece_sender(self, request: WorkerRequest) -> PieceSender | None:
-        """Only the last stage of the final walk sends pieces: they and the WalkDone that counts
-        them then leave from this worker on one connection, in order."""
-        is_last_stage = request.stage_index == len(self.spec.walks[request.walk].stages) - 1
-        if request.next_worker != m.CONDUCTOR or not is_last_stage:
-            return None
-        return PieceSender(self.store, self.to_conductor, request.rid)
 
     def _stage_done(self, request: WorkerRequest) -> None:
         if isinstance(self._stage(request), Parallel):
