@@ -15,14 +15,21 @@ WALK_METRIC = "mstar:walk_duration_seconds"
 ENCODE_METRIC = "mstar:media_encode_seconds"
 
 
+def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) of every sample in a Prometheus text scrape; none when the text
+    is not one (another server's /metrics page must not end the benchmark)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        return []
+    return [(sample.name, sample.labels, sample.value) for family in families for sample in family.samples]
+
+
 def recompiles_from_metrics(text: str) -> int:
     """Sum of every `mstar:recompiles_total{...}` sample (0 before the first recompile)."""
-    total = 0.0
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name == RECOMPILES_METRIC:
-            total += float(line.rsplit(" ", 1)[1])
-    return int(total)
+    return int(sum(value for name, _, value in _samples(text) if name == RECOMPILES_METRIC))
 
 
 def node_seconds_from_metrics(text: str) -> dict[str, list[float]]:
@@ -30,12 +37,10 @@ def node_seconds_from_metrics(text: str) -> dict[str, list[float]]:
     `mstar:step_host_duration_seconds` (their sum and count samples)."""
     columns = {STEP_METRIC + "_sum": 0, STEP_METRIC + "_count": 1, STEP_HOST_METRIC + "_sum": 2}
     totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        column = columns.get(line.split("{", 1)[0])
-        if column is None or 'node="' not in line:
-            continue
-        node = line.split('node="', 1)[1].split('"', 1)[0]
-        totals.setdefault(node, [0.0, 0.0, 0.0])[column] += float(line.rsplit(" ", 1)[1])
+    for name, labels, value in _samples(text):
+        column = columns.get(name)
+        if column is not None and "node" in labels:
+            totals.setdefault(labels["node"], [0.0, 0.0, 0.0])[column] += value
     return totals
 
 
@@ -74,15 +79,12 @@ def stage_seconds_from_metrics(text: str) -> dict[str, list[float]]:
     """stage -> [seconds, count] summed over the samples of the request-level histograms:
     "e2e" (submission to end, in the conductor), "walk:<name>" per walk, "encode" (the API's)."""
     totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
+    for name, labels, value in _samples(text):
         metric, _, sample = name.rpartition("_")
         if sample not in ("sum", "count") or metric not in (E2E_METRIC, WALK_METRIC, ENCODE_METRIC):
             continue
-        stage = {E2E_METRIC: "e2e", ENCODE_METRIC: "encode"}.get(metric)
-        if stage is None:
-            stage = "walk:" + line.split('walk="', 1)[1].split('"', 1)[0]
-        totals.setdefault(stage, [0.0, 0.0])[sample == "count"] += float(line.rsplit(" ", 1)[1])
+        stage = {E2E_METRIC: "e2e", ENCODE_METRIC: "encode"}.get(metric) or "walk:" + labels["walk"]
+        totals.setdefault(stage, [0.0, 0.0])[sample == "count"] += value
     return totals
 
 
