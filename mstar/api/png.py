@@ -80,16 +80,14 @@ def encode_png(image: Any, level: int = 1) -> bytes:
     for _, adler, length in results[1:]:
         checksum = adler32_combine(checksum, adler, length)
     idat = [ZLIB_HEADER, *(deflated for deflated, _, _ in results), struct.pack(">I", checksum)]
-    idat_length = sum(len(part) for part in idat)
-    crc = zlib.crc32(b"IDAT")
-    for part in idat:
-        crc = zlib.crc32(part, crc)
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # depth 8, RGB, deflate, no interlace
-    return b"".join(
-        [SIGNATURE, _chunk(b"IHDR", header), struct.pack(">I", idat_length), b"IDAT", *idat]
-        + [struct.pack(">I", crc), _chunk(b"IEND", b"")]
-    )
+    return b"".join([SIGNATURE, *_chunk(b"IHDR", [header]), *_chunk(b"IDAT", idat), *_chunk(b"IEND", [])])
 
 
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+def _chunk(kind: bytes, parts: list[bytes]) -> list[bytes]:
+    """A PNG chunk as pieces for the file's one join: length, kind, the data's parts, and the CRC
+    of kind and data, taken part by part (the several-MB IDAT data is never copied for it)."""
+    crc = zlib.crc32(kind)
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return [struct.pack(">I", sum(len(part) for part in parts)), kind, *parts, struct.pack(">I", crc)]
