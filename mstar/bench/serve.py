@@ -19,6 +19,7 @@ from typing import Any
 
 from mstar.bench.gpu_memory import PeakMemoryPoller
 from mstar.bench.stats import percentile
+from mstar.client.client import poll_wait_s
 
 WARMUP_FIRST_INDEX = 1_000_000
 
@@ -130,15 +131,6 @@ async def _send_image(client: Any, options: ServeOptions, record: RequestRecord)
         record.media = base64.b64decode(data[0]["b64_json"])  # the image as a user gets it
 
 
-def poll_wait_s(poll_interval_s: float, headers: Any) -> float:
-    """The wait before the next status poll: `poll_interval_s`, or with 0 the server's hint (as a
-    client that follows `openai-poll-after-ms` at each poll waits; 1 s without one)."""
-    if poll_interval_s > 0:
-        return poll_interval_s
-    hinted_ms = headers.get("openai-poll-after-ms")
-    return int(hinted_ms) / 1000 if hinted_ms else 1.0
-
-
 async def _send_video(client: Any, options: ServeOptions, record: RequestRecord) -> None:
     body = request_body(options, record.index)
     if options.video_form:
@@ -150,7 +142,8 @@ async def _send_video(client: Any, options: ServeOptions, record: RequestRecord)
     job = response.json()
     video_id = job["id"]
     while job.get("status") not in ("completed", "failed", "cancelled"):
-        await asyncio.sleep(poll_wait_s(options.poll_interval_s, response.headers))
+        # 0: the server's hint at each poll, as mstar.client waits
+        await asyncio.sleep(poll_wait_s(options.poll_interval_s or None, response.headers))
         response = await client.get(f"/v1/videos/{video_id}")
         _check(response)
         job = response.json()

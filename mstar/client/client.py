@@ -21,6 +21,15 @@ DEFAULT_POLL_INTERVAL_S = 1.0
 FINISHED_STATUSES = ("completed", "failed")
 
 
+def poll_wait_s(poll_interval_s: float | None, headers: Any) -> float:
+    """The wait before a video job's next status poll: `poll_interval_s` when given, else the
+    server's `openai-poll-after-ms` hint of this poll (1 s without one, as the OpenAI SDK waits)."""
+    if poll_interval_s is not None:
+        return poll_interval_s
+    hinted_ms = headers.get("openai-poll-after-ms")
+    return int(hinted_ms) / 1000 if hinted_ms else DEFAULT_POLL_INTERVAL_S
+
+
 class MstarError(RuntimeError):
     """An error answered by the server (or a failed video job), with its OpenAI-shaped fields."""
 
@@ -155,11 +164,7 @@ class Client:
                 on_progress(job["progress"])
             if job["status"] in FINISHED_STATUSES:
                 return job
-            hinted_ms = response.headers.get("openai-poll-after-ms")
-            interval_s = poll_interval_s
-            if interval_s is None:
-                interval_s = int(hinted_ms) / 1000 if hinted_ms else DEFAULT_POLL_INTERVAL_S
-            time.sleep(interval_s)
+            time.sleep(poll_wait_s(poll_interval_s, response.headers))
 
     def generate_video(
         self,

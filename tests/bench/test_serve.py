@@ -8,12 +8,12 @@ from mstar.bench.serve import (
     RequestRecord,
     ServeOptions,
     poisson_arrivals_s,
-    poll_wait_s,
     request_body,
     run_serve_benchmark,
     summarize,
 )
 from mstar.bench.stats import percentile
+from mstar.client.client import poll_wait_s
 from tests.bench.fake_server import FakeBehaviour, FakeServer, free_port
 
 
@@ -87,10 +87,10 @@ def test_videos_poll_progress_and_count_failed_jobs():
     assert all(r["output_bytes"] == 400 for r in completed)
 
 
-def test_a_zero_poll_interval_follows_the_servers_hint():
+def test_a_poll_interval_left_out_follows_the_servers_hint():
     assert poll_wait_s(0.05, {"openai-poll-after-ms": "300"}) == 0.05  # a fixed interval wins
-    assert poll_wait_s(0, {"openai-poll-after-ms": "300"}) == 0.3
-    assert poll_wait_s(0, {}) == 1.0  # no hint: the OpenAI SDK's default
+    assert poll_wait_s(None, {"openai-poll-after-ms": "300"}) == 0.3  # the bench's 0
+    assert poll_wait_s(None, {}) == 1.0  # no hint: the OpenAI SDK's default
 
 
 def test_timeouts_and_connection_errors_are_counted_by_kind():
