@@ -107,7 +107,6 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> No
     def on_progress(step: int, total: int) -> None:
         now = time.monotonic()
         job.status = "in_progress"
-        job.progress = min(99, int(100 * step / max(total, 1)))
         job.num_steps_done, job.num_steps = step, total
         job.first_step_at = job.first_step_at or now
         job.last_step_at = now

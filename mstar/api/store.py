@@ -31,7 +31,6 @@ class VideoJob:
     created_at: float
     request_id: str
     status: str = "queued"  # queued | in_progress | completed | failed
-    progress: int = 0
     num_steps_done: int = 0  # denoise steps, from the runtime's progress events
     num_steps: int = 0
     first_step_at: float | None = None  # monotonic times of the first and latest step seen
@@ -41,6 +40,13 @@ class VideoJob:
     error: dict[str, Any] | None = None
     content: bytes | None = None
     task: asyncio.Task | None = field(default=None, repr=False)
+
+    @property
+    def progress(self) -> int:
+        """0-100 from the denoise steps done; 100 only once completed (decode and mux follow them)."""
+        if self.status == "completed":
+            return 100
+        return min(99, int(100 * self.num_steps_done / max(self.num_steps, 1)))
 
     def to_json(self) -> dict[str, Any]:
         """The OpenAI `Video` object."""
@@ -76,8 +82,6 @@ class JobStore:
         job.status = status
         job.completed_at = self.clock()
         job.expires_at = job.completed_at + self.ttl_s
-        if status == "completed":
-            job.progress = 100
         self._cap_finished()
 
     def get(self, job_id: str) -> VideoJob:
