@@ -232,6 +232,16 @@ wan_suite() {  # the Wan serving profile every call uses (480p both orientations
     --poll-interval 0.05 -- "${gpu_flags[@]}"
 }
 
+wan_c1() {  # wan_c1 NUM_STEADY RESERVE_S: Wan 832x480x33 at c=1 only, its one size compiled
+  suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' "$2" --sizes 832x480 \
+    --num-steady "$1" --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}"
+}
+
+zimage_c1() {  # zimage_c1 NUM_STEADY RESERVE_S: Z-Image 1024x1024 at c=1 only, its one size compiled
+  suite_phase z-image-turbo zimage-1024 '["1024x1024"]' "$2" \
+    --num-steady "$1" --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}"
+}
+
 serve_phase() {  # serve_phase MODEL WORKLOAD COMPILE_SIZE CONCURRENCY NUM_REQUESTS [SERVER FLAG...]
   require "${SERVER_MODULES[@]}" av
   local model=$1 workload=$2 size=$3 concurrency=$4 num_requests=$5 log="$out/server-$2.log" started
@@ -315,8 +325,7 @@ print('two fresh servers, first image:', 'identical bytes' if a == b else 'DIFFE
     guarded gpu-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/wan22/test_vae_decode.py
     for stream in false true; do
       export EXTRA_CONFIG="stream_video_frames: $stream"
-      suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' 20 --sizes 832x480 \
-        --num-steady 8 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}"
+      wan_c1 8 20
       for kind in json md out; do mv "$out/suite-wan-480p-t2v.$kind" "$out/suite-wan-480p-t2v-stream-$stream.$kind"; done
       mv "$out/server-wan-480p-t2v.log" "$out/server-wan-480p-t2v-stream-$stream.log"
     done
@@ -325,18 +334,14 @@ print('muxed whole vs streamed, first video:', 'identical bytes' if a == b else 
       "$out/suite-wan-480p-t2v-stream-false.json" "$out/suite-wan-480p-t2v-stream-true.json" | tee "$out/stream-parity.txt" ;;
   call18)  # carry .whl_pack: where a c=1 request's time goes (the suite's stage row from /metrics):
     # Z-Image 1024 (8 requests), then Wan 832x480x33 (4), each compiling its one size only
-    suite_phase z-image-turbo zimage-1024 '["1024x1024"]' 200 \
-      --num-steady 8 --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}"
-    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' 20 --sizes 832x480 \
-      --num-steady 4 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
+    zimage_c1 8 200
+    wan_c1 4 20 ;;
   call19)  # carry .whl_pack: the encodes on this host, then Z-Image 1024 at c=1 with the stage row
     guarded encode-speed 60 python3 bench/encode_speed.py
-    suite_phase z-image-turbo zimage-1024 '["1024x1024"]' 20 \
-      --num-steady 8 --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}" ;;
+    zimage_c1 8 20 ;;
   call20)  # carry .whl_pack: Wan's prompt encoder under CUDA graphs: its GPU test, then Wan at c=1
     guarded gpu-tests 45 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/wan22/test_text_graphs.py
-    suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' 20 --sizes 832x480 \
-      --num-steady 4 --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}" ;;
+    wan_c1 4 20 ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     wan_suite
