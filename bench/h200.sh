@@ -232,6 +232,11 @@ wan_suite() {  # the Wan serving profile every call uses (480p both orientations
     --poll-interval 0.05 -- "${gpu_flags[@]}"
 }
 
+same_cold_output() {  # same_cold_output LABEL SUITE_A.json SUITE_B.json OUT.txt: the cold requests' bytes
+  python3 -c "import json, sys; a, b = (json.load(open(p))['cold']['media_sha256'] for p in sys.argv[2:])
+print(sys.argv[1] + ':', 'identical bytes' if a == b else 'DIFFERENT', a[:16], b[:16])" "$1" "$2" "$3" | tee "$4"
+}
+
 wan_c1() {  # wan_c1 NUM_STEADY RESERVE_S: Wan 832x480x33 at c=1 only, its one size compiled
   suite_phase wan2.2-ti2v-5b wan-480p-t2v '["832x480x33"]' "$2" --sizes 832x480 \
     --num-steady "$1" --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}"
@@ -313,9 +318,8 @@ case "$phase" in
     for kind in json md out; do mv "$out/suite-zimage-1024.$kind" "$out/suite-zimage-1024-first.$kind"; done
     suite_phase z-image-turbo zimage-1024 '["1024x1024", "768x1024"]' 20 \
       --num-steady 1 --high-concurrency 8 --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}"
-    python3 -c "import json, sys; a, b = (json.load(open(p))['cold']['media_sha256'] for p in sys.argv[1:])
-print('two fresh servers, first image:', 'identical bytes' if a == b else 'DIFFERENT', a[:16], b[:16])" \
-      "$out/suite-zimage-1024-first.json" "$out/suite-zimage-1024.json" | tee "$out/fresh-servers.txt" ;;
+    same_cold_output "two fresh servers, first image" "$out/suite-zimage-1024-first.json" \
+      "$out/suite-zimage-1024.json" "$out/fresh-servers.txt" ;;
   call16)  # carry .whl_pack: Wan's DiT step at the defaults (the kernels on): both step targets
     our_step wan wan-480p-cfg,wan-720p-b1 400 ;;
   call17)  # carry .whl_pack: the MP4 encode by x264 thread count (whole and streamed), then Wan at
@@ -329,9 +333,8 @@ print('two fresh servers, first image:', 'identical bytes' if a == b else 'DIFFE
       for kind in json md out; do mv "$out/suite-wan-480p-t2v.$kind" "$out/suite-wan-480p-t2v-stream-$stream.$kind"; done
       mv "$out/server-wan-480p-t2v.log" "$out/server-wan-480p-t2v-stream-$stream.log"
     done
-    python3 -c "import json, sys; a, b = (json.load(open(p))['cold']['media_sha256'] for p in sys.argv[1:])
-print('muxed whole vs streamed, first video:', 'identical bytes' if a == b else 'DIFFERENT', a[:16], b[:16])" \
-      "$out/suite-wan-480p-t2v-stream-false.json" "$out/suite-wan-480p-t2v-stream-true.json" | tee "$out/stream-parity.txt" ;;
+    same_cold_output "muxed whole vs streamed, first video" "$out/suite-wan-480p-t2v-stream-false.json" \
+      "$out/suite-wan-480p-t2v-stream-true.json" "$out/stream-parity.txt" ;;
   call18)  # carry .whl_pack: where a c=1 request's time goes (the suite's stage row from /metrics):
     # Z-Image 1024 (8 requests), then Wan 832x480x33 (4), each compiling its one size only
     zimage_c1 8 200
