@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,14 +12,54 @@ from torch import nn
 from mstar.models.zimage.config import VAEConfig
 
 RESNET_EPS = 1e-6
+MAX_BLOCK_PIXELS = 256  # pixels a partial statistic covers (see group_norm_by_pixel_blocks)
+
+
+def group_norm_by_pixel_blocks(
+    x: torch.Tensor, num_groups: int, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """F.group_norm(x, num_groups, weight, bias, eps) with its statistics taken in two levels: the
+    mean and variance of each channel over blocks of pixels, then of each group, combined exactly
+    (Chan's parallel variance; equal counts). x [N, C, *spatial].
+
+    Why: compiled, F.group_norm reduces each of the 32 groups of a 1024x1024 activation in one
+    long row: 32 rows for the whole GPU, about 1.4 ms a norm where reading the tensor takes 0.08.
+    Here the first level is a reduction over pixels with thousands of independent outputs, reading
+    channels-last memory in order, and the normalisation fuses with what follows (the SiLU)."""
+    batch, channels = x.shape[:2]
+    pixels = x.flatten(2).transpose(1, 2)  # [N, HW, C]: a view of channels-last memory
+    num_pixels = pixels.shape[1]
+    block = math.gcd(num_pixels, MAX_BLOCK_PIXELS)
+    per_block = pixels.float().unflatten(1, (num_pixels // block, block))  # [N, NB, P, C]
+    variance, mean = torch.var_mean(per_block, dim=2, correction=0)  # [N, NB, C] each
+    mean = mean.unflatten(2, (num_groups, -1))  # [N, NB, G, C/G]
+    variance = variance.unflatten(2, (num_groups, -1))
+    group_mean = mean.mean(dim=(1, 3), keepdim=True)  # [N, 1, G, 1]
+    group_variance = (variance + (mean - group_mean).square()).mean(dim=(1, 3), keepdim=True)
+    scale = torch.rsqrt(group_variance + eps) * weight.float().view(1, 1, num_groups, -1)  # [N, 1, G, C/G]
+    shift = bias.float().view(1, 1, num_groups, -1) - group_mean * scale
+    broadcast = (batch, channels) + (1,) * (x.dim() - 2)
+    return (x.float() * scale.reshape(broadcast) + shift.reshape(broadcast)).to(x.dtype)
+
+
+class GroupNorm(nn.GroupNorm):
+    """nn.GroupNorm (same keys) that can take its statistics by pixel blocks (`by_pixel_blocks`):
+    set by VAEDecoder.use_pixel_block_norms for the compiled decode; eager keeps F.group_norm."""
+
+    by_pixel_blocks = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.by_pixel_blocks:
+            return group_norm_by_pixel_blocks(x, self.num_groups, self.weight, self.bias, self.eps)
+        return super().forward(x)
 
 
 class ResnetBlock(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, groups: int):
         super().__init__()
-        self.norm1 = nn.GroupNorm(groups, in_channels, eps=RESNET_EPS)
+        self.norm1 = GroupNorm(groups, in_channels, eps=RESNET_EPS)
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2 = nn.GroupNorm(groups, out_channels, eps=RESNET_EPS)
+        self.norm2 = GroupNorm(groups, out_channels, eps=RESNET_EPS)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
         self.conv_shortcut = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else None
 
@@ -34,7 +76,7 @@ class AttentionBlock(nn.Module):
 
     def __init__(self, channels: int, groups: int):
         super().__init__()
-        self.group_norm = nn.GroupNorm(groups, channels, eps=RESNET_EPS)
+        self.group_norm = GroupNorm(groups, channels, eps=RESNET_EPS)
         self.to_q = nn.Linear(channels, channels)
         self.to_k = nn.Linear(channels, channels)
         self.to_v = nn.Linear(channels, channels)
@@ -101,7 +143,7 @@ class Decoder(nn.Module):
             is_last = i == len(channels) - 1
             self.up_blocks.append(UpBlock(prev, out, config.layers_per_block + 1, groups, not is_last))
             prev = out
-        self.conv_norm_out = nn.GroupNorm(groups, channels[-1], eps=RESNET_EPS)
+        self.conv_norm_out = GroupNorm(groups, channels[-1], eps=RESNET_EPS)
         self.conv_out = nn.Conv2d(channels[-1], config.out_channels, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
@@ -120,6 +162,13 @@ class VAEDecoder(nn.Module):
         self.decoder = Decoder(config)
         channels = config.latent_channels
         self.post_quant_conv = nn.Conv2d(channels, channels, 1) if config.use_post_quant_conv else None
+
+    def use_pixel_block_norms(self, enabled: bool = True) -> None:
+        """Every GroupNorm takes its statistics by pixel blocks (group_norm_by_pixel_blocks): for the
+        compiled decode, where it is the faster form; the same result up to float rounding."""
+        for module in self.modules():
+            if isinstance(module, GroupNorm):
+                module.by_pixel_blocks = enabled
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """latents [B, C, h, w] as the DiT produces them -> image [B, 3, H, W] in [-1, 1] (unclamped)."""

@@ -3,18 +3,20 @@ recompiles after warmup counted (CPU, tiny config; the real compile runs in test
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mstar.graph import RequestState
 from mstar.models.zimage.config import TINY
 from mstar.models.zimage.denoise import LATENTS
 from mstar.models.zimage.nodes import FRAMES, VAEDecodeNode
+from mstar.models.zimage.vae import GroupNorm, group_norm_by_pixel_blocks
 from mstar.models.zimage.weights import build_vae_decoder
 
 WARM_SIZE = (32, 32)  # (width, height) -> latents [16, 16, 16] with the tiny 2x VAE
 
 
-@pytest.fixture(scope="module")
-def vae():
+@pytest.fixture
+def vae():  # one per test: a compiled node switches its norms to pixel blocks for good
     return build_vae_decoder(TINY.vae, "cpu", torch.float32)
 
 
@@ -142,3 +144,36 @@ def test_a_normal_tensor_after_an_inference_one_would_recompile_without_the_conv
     assert run(convert=False) == 2  # the mechanism seen on the H200
     torch._dynamo.reset()
     assert run(convert=True) == 1
+
+
+@pytest.mark.parametrize(
+    "shape, channels_last",
+    [((1, 64, 32, 48), True), ((1, 64, 32, 48), False), ((2, 32, 6, 10), True), ((1, 64, 7, 9), True),
+     ((1, 128, 300), False)],
+)  # fmt: skip
+def test_group_norm_by_pixel_blocks_equals_group_norm(shape, channels_last):
+    """Every layout and pixel count (7x9: blocks of one pixel); values far from zero mean, so a
+    variance taken as E[x^2] - E[x]^2 would lose digits the combination here keeps."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=generator, dtype=torch.float64) * 3 + 40
+    weight, bias = torch.randn(shape[1], dtype=torch.float64), torch.randn(shape[1], dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    got = group_norm_by_pixel_blocks(x.float(), 16, weight.float(), bias.float(), 1e-6)
+    expected = F.group_norm(x, 16, weight, bias, 1e-6)
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=2e-5)
+
+
+def test_compiled_node_takes_norm_statistics_by_pixel_blocks_and_eager_keeps_group_norm(vae):
+    norms = [module for module in vae.modules() if isinstance(module, GroupNorm)]
+    assert norms and not any(norm.by_pixel_blocks for norm in norms)
+    latents = latents_for(24, 16)
+    with torch.inference_mode():
+        plain = vae.decode(latents.unsqueeze(0))
+    VAEDecodeNode(vae, "off", warmup_sizes=[WARM_SIZE])
+    assert not any(norm.by_pixel_blocks for norm in norms)
+    VAEDecodeNode(vae, "default", warmup_sizes=[WARM_SIZE])
+    assert all(norm.by_pixel_blocks for norm in norms)
+    with torch.inference_mode():
+        by_blocks = vae.decode(latents.unsqueeze(0))
+    torch.testing.assert_close(by_blocks, plain, rtol=0, atol=1e-5)
