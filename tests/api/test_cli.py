@@ -208,3 +208,17 @@ def test_served_connections_send_without_nagle():
         return seen["nodelay"]
 
     assert asyncio.run(accept_one()) != 0
+
+
+def test_server_runs_on_uvloop_when_installed_and_on_asyncio_without(monkeypatch):
+    import uvloop
+
+    from mstar.cli import server_loop_factory
+
+    loop = server_loop_factory()()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import fails: asyncio's own loop
+    assert server_loop_factory() is None
