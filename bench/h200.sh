@@ -71,7 +71,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -435,6 +435,10 @@ case "$phase" in
       --compile-modes default --attention-backend fa3 -o "$out/profile-default.json" ;;
   step-wan) step_phase wan wan-480p-b1,wan-480p-cfg,wan-480p-c4,wan-720p-b1 ;;
   step-zimage) step_phase zimage zimage-1024-b1,zimage-1024-c4 ;;
+  # the DiT step targets side by side with diffusers eager and compiled, one family a call:
+  # WHEEL_DIRS=.whl_ref COMPILE_MODES=deterministic DIFFUSERS_MODES=eager,compiled (carry .whl_ref)
+  step-wan-targets) step_phase wan wan-480p-cfg,wan-720p-b1 ;;
+  step-zimage-targets) step_phase zimage zimage-1024-b1 ;;
   serve-wan) serve_phase wan2.2-ti2v-5b wan-480p-t2v 832x480x33 1,2,4 4 "${gpu_flags[@]}" ;;
   serve-zimage) serve_phase z-image-turbo zimage-1024 1024x1024 1,4,8 8 "${gpu_flags[@]}" ;;
   serve-tiny)  # CPU check of this script's plumbing: the suite (a size list of one), then the classic serve

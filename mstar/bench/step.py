@@ -168,7 +168,9 @@ def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: Step
                 case.items,
             )
         for mode in options.diffusers_modes:
-            target = torch.compile(model) if mode == "compiled" else model
+            # static shapes: each size its own graph, as a user compiling for one size would get
+            # (automatic dynamic shapes would recompile the second size with symbolic shapes)
+            target = torch.compile(model, dynamic=False) if mode == "compiled" else model
             for case in cases:
 
                 def forward(target=target, case=case) -> list:
