@@ -231,3 +231,38 @@ def test_native_stream_closed_early_aborts():
         while not runtime.aborted and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(runtime.aborted) == 1
+
+
+def test_openai_poll_helper_is_told_the_shortest_poll_interval(video_server):
+    """The SDK's poll helper keeps the hint of its first poll for the whole job, so that poll gets
+    the floor, not the 500 ms a job without a pace yet gets; plain retrieves keep the paced hint."""
+    from mstar.api.routes_videos import MAX_POLL_AFTER_MS, MIN_POLL_AFTER_MS
+
+    hints: list[tuple[bool, str | None]] = []
+
+    def record(response: httpx.Response) -> None:
+        if response.request.method == "GET" and "/v1/videos/" in response.request.url.path:
+            helper = response.request.headers.get("x-stainless-poll-helper") == "true"
+            hints.append((helper, response.headers.get("openai-poll-after-ms")))
+
+    http_client = httpx.Client(event_hooks={"response": [record]})
+    client = openai.OpenAI(
+        base_url=f"{video_server.base_url}/v1",
+        api_key=KEY,
+        max_retries=0,
+        timeout=60,
+        http_client=http_client,
+    )
+    body = {
+        "model": "live-video",
+        "prompt": "a cat",
+        "size": "32x48",
+        "extra_body": {"num_inference_steps": 30},
+    }
+    video = client.videos.create(**body)  # 30 steps of 50 ms
+    client.videos.retrieve(video.id)  # early on: MAX_POLL_AFTER_MS (no pace yet) or half the time left
+    assert not hints[-1][0] and MIN_POLL_AFTER_MS < int(hints[-1][1]) <= MAX_POLL_AFTER_MS
+    video = client.videos.poll(video.id)
+    assert video.status == "completed"
+    helper_hints = [hint for helper, hint in hints if helper and hint is not None]
+    assert helper_hints and set(helper_hints) == {str(MIN_POLL_AFTER_MS)}
