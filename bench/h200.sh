@@ -351,7 +351,6 @@ case "$phase" in
   call21)  # carry .whl_pack: where both VAE decodes' time goes, and their variants (Z-Image
     # channels-last; Wan 1, 2 and 4 latent frames a chunk)
     guarded vae-profile 400 python3 -m mstar.bench.vae_profile --models "${VAE_MODELS:-zimage,wan}" \
-      --wan-chunks "${WAN_CHUNKS:-1,2,4}" --wan-norm-forms "${WAN_NORM_FORMS:-}" \
       -o "$out/vae-profile.json" ;;
   call22)  # carry .whl_pack (with uvloop, httptools): the Z-Image VAE's GPU test (the compiled decode,
     # norms by pixel blocks, against eager), the Z-Image suite, then a second fresh server's first image

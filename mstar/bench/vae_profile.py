@@ -6,7 +6,7 @@ Real shapes, seeded random weights, bf16, on CUDA:
 - Z-Image 1024x1024 (one image): the served compiled decode (contiguous), and the same compiled
   with channels-last weights and input, each also with its GroupNorms' statistics by pixel blocks;
 - Wan2.2 832x480x33 (one clip): the served fast path (channels_last_3d, compiled, one latent frame a
-  chunk), the same with 2 and 4 latent frames a chunk, and with its RMS norms written otherwise.
+  chunk) and the same with 2 and 4 latent frames a chunk.
 Each variant: ms a decode (CUDA events, median), PSNR of its uint8 frames against the served
 variant's, and the kernel time by kind (convolution, GEMM, attention, triton, copies) with the top
 kernels under torch.profiler. The serving figures come from `mstar bench serve-suite`.
@@ -100,16 +100,13 @@ def zimage_variants(num_timed: int, num_profiled: int, compile_mode: str) -> lis
     return rows
 
 
-def wan_variants(
-    num_timed: int, num_profiled: int, compile_mode: str, chunks: list[int], norm_forms: list[str]
-) -> list[dict]:
+def wan_variants(num_timed: int, num_profiled: int, compile_mode: str, chunks: list[int]) -> list[dict]:
     import copy
 
     import torch
 
     from mstar.diffusion.vae_decode import VaeDecodeRunner
     from mstar.models.wan22.vae import WanVAEDecoder
-    from mstar.models.wan22.vae_blocks import RMSNorm
     from mstar.models.wan22.vae_config import WAN22_TI2V_5B_VAE_CONFIG
 
     torch.manual_seed(0)
@@ -117,20 +114,17 @@ def wan_variants(
         decoder = WanVAEDecoder(WAN22_TI2V_5B_VAE_CONFIG).to(torch.bfloat16).eval().requires_grad_(False)
     latents = torch.randn(1, 48, 9, 30, 52, generator=torch.Generator().manual_seed(1)).cuda()
     rows: list[dict[str, Any]] = []
-    for chunk, form in [(chunk, "normalize") for chunk in chunks] + [(1, form) for form in norm_forms]:
+    for chunk in chunks:
         torch._dynamo.reset()
-        RMSNorm.form = form
         runner = VaeDecodeRunner(copy.deepcopy(decoder), compile_mode=compile_mode, chunk_latent_frames=chunk)
         reference = rows[0]["frames"] if rows else None
-        label = f"wan fast path, {chunk} latent frame(s) a chunk, RMS norm as {form}"
-        label += " (served)" if not rows else ""
+        label = f"wan fast path, {chunk} latent frame(s) a chunk" + (" (served)" if not rows else "")
         rows.append(_measure(label, lambda r=runner: r.decode_fast_uint8(latents), reference, num_timed,
                              num_profiled))  # fmt: skip
         rows[-1]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         del runner
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    RMSNorm.form = "normalize"
     return rows
 
 
@@ -140,9 +134,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num-profiled", type=int, default=2)
     parser.add_argument("--compile-mode", default="deterministic")
     parser.add_argument("--wan-chunks", default="1,2,4", help="latent frames a chunk, comma-separated")
-    parser.add_argument(
-        "--wan-norm-forms", default="", help="RMSNorm forms at 1 frame a chunk: rsqrt,last_dim"
-    )
     parser.add_argument("--models", default="zimage,wan", help="zimage, wan or both")
     parser.add_argument("-o", "--output", default="bench-results/vae_profile.json")
     args = parser.parse_args(argv)
@@ -152,10 +143,9 @@ def main(argv: list[str]) -> int:
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     chunks = [int(n) for n in args.wan_chunks.split(",") if n.strip()]
-    forms = [form for form in args.wan_norm_forms.split(",") if form.strip()]
     for name, run in (
         ("zimage", lambda: zimage_variants(args.num_timed, args.num_profiled, args.compile_mode)),
-        ("wan", lambda: wan_variants(args.num_timed, args.num_profiled, args.compile_mode, chunks, forms)),
+        ("wan", lambda: wan_variants(args.num_timed, args.num_profiled, args.compile_mode, chunks)),
     ):
         if name not in args.models.split(","):
             continue

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 CACHE_T = 2  # frames a kernel-3 causal conv needs from the previous chunk
-NORMALIZE_EPS = 1e-12  # F.normalize's default
 
 
 def frame_memory_format(x: torch.Tensor) -> torch.memory_format:
@@ -101,21 +100,11 @@ class RMSNorm(nn.Module):
         """The same norm over the last dim: x [..., C] (token layout)."""
         return self._normalize(x, dim=-1) * self.scale * self.gamma.flatten()
 
-    # How the normalisation is written (the compiled decode's kernels follow it): "normalize"
-    # (F.normalize, diffusers' form), "rsqrt" (x * rsqrt(max(sum x^2, eps^2))), or "last_dim"
-    # (F.normalize over channels moved last). mstar.bench.vae_profile times each.
-    form = "normalize"
-
-    @classmethod
-    def _normalize(cls, x: torch.Tensor, dim: int) -> torch.Tensor:
+    @staticmethod
+    def _normalize(x: torch.Tensor, dim: int) -> torch.Tensor:
         # Half precision normalises in fp32 like diffusers (the sum of squares overflows/rounds).
         x_norm = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        if cls.form == "rsqrt":
-            sum_squares = x_norm.square().sum(dim, keepdim=True).clamp_min(NORMALIZE_EPS**2)
-            return (x_norm * torch.rsqrt(sum_squares)).to(x.dtype)
-        if cls.form == "last_dim" and dim != -1:
-            return F.normalize(x_norm.movedim(dim, -1), dim=-1).movedim(-1, dim).to(x.dtype)
-        return F.normalize(x_norm, dim=dim, eps=NORMALIZE_EPS).to(x.dtype)
+        return F.normalize(x_norm, dim=dim).to(x.dtype)
 
 
 class Upsample2x(nn.Module):
