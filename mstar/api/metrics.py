@@ -83,6 +83,15 @@ class PrometheusMetrics:
             buckets=ENCODE_BUCKETS_S,
             registry=self.registry,
         )
+        self.media_ready_time = Histogram(
+            "mstar:media_ready_seconds",
+            "Time from a request's arrival at the API to its response media being ready: an image "
+            "response's body, or a video job's MP4 (what a client waits for, less the transfer and "
+            "a video client's polling)",
+            [*labels, "format"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
         self.step_time = Histogram(
             "mstar:step_duration_seconds",
             "Duration of one step of one node (the denoise step is node 'dit')",
@@ -180,6 +189,9 @@ class PrometheusMetrics:
 
     def observe_media_encode(self, output_format: str, seconds: float) -> None:
         self.media_encode_time.labels(self.model_name, output_format).observe(seconds)
+
+    def observe_media_ready(self, output_format: str, seconds: float) -> None:
+        self.media_ready_time.labels(self.model_name, output_format).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

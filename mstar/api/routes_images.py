@@ -67,6 +67,7 @@ def b64_json_body(images: list[bytes], output_format: str, size: str, created: i
 
 @router.post("/v1/images/generations")
 async def create_images(request: Request) -> Response:
+    arrived = time.perf_counter()
     state = server_state(request)
     body = ImageGenerationRequest.model_validate(await read_fields(request))
     generator = state.generator
@@ -82,7 +83,9 @@ async def create_images(request: Request) -> Response:
     size, created = f"{width}x{height}", int(time.time())
     encode_started = time.perf_counter()
     images, content = await asyncio.to_thread(_encode_response, frames_list, body, size, created)
-    state.metrics.observe_media_encode(output_format, time.perf_counter() - encode_started)
+    ready = time.perf_counter()
+    state.metrics.observe_media_encode(output_format, ready - encode_started)
+    state.metrics.observe_media_ready(output_format, ready - arrived)
     if content is not None:
         return Response(content, media_type="application/json")
     media_type = IMAGE_MEDIA_TYPES[output_format]

@@ -103,7 +103,9 @@ async def mux_video(
         await asyncio.to_thread(writer.close)
 
 
-async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> None:
+async def run_job(state: ServerState, job: VideoJob, submitted: Submitted, arrived: float) -> None:
+    """Follow the job's request to its MP4; `arrived`: the create request's perf_counter time."""
+
     def on_progress(step: int, total: int) -> None:
         now = time.monotonic()
         job.status = "in_progress"
@@ -113,6 +115,7 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> No
 
     try:
         job.content, _ = await mux_video(state.generator, submitted, on_progress)
+        state.metrics.observe_media_ready("mp4", time.perf_counter() - arrived)
         state.jobs.finish(job, "completed")
     except ApiError as error:
         job.error = {"code": error.code or "failed", "message": error.message}
@@ -126,6 +129,7 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted) -> No
 
 @router.post("/v1/videos")
 async def create_video(request: Request) -> JSONResponse:
+    arrived = time.perf_counter()
     state = server_state(request)
     fields = await read_fields(request)
     reference_field = fields.pop("input_reference", None)
@@ -145,7 +149,7 @@ async def create_video(request: Request) -> JSONResponse:
         seconds=seconds,
         request_id=submitted.handle.request_id,
     )
-    job.task = asyncio.create_task(run_job(state, job, submitted))
+    job.task = asyncio.create_task(run_job(state, job, submitted, arrived))
     return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(poll_after_ms(job))})
 
 

@@ -13,6 +13,8 @@ STEP_HOST_METRIC = "mstar:step_host_duration_seconds"
 E2E_METRIC = "mstar:e2e_request_latency_seconds"
 WALK_METRIC = "mstar:walk_duration_seconds"
 ENCODE_METRIC = "mstar:media_encode_seconds"
+READY_METRIC = "mstar:media_ready_seconds"
+STAGE_METRICS = {E2E_METRIC: "e2e", ENCODE_METRIC: "encode", READY_METRIC: "ready"}  # and walks
 
 
 def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -77,19 +79,20 @@ async def scrape_recompiles(client: Any) -> int | None:
 
 def stage_seconds_from_metrics(text: str) -> dict[str, list[float]]:
     """stage -> [seconds, count] summed over the samples of the request-level histograms:
-    "e2e" (submission to end, in the conductor), "walk:<name>" per walk, "encode" (the API's)."""
+    "e2e" (submission to end, in the conductor), "walk:<name>" per walk, "encode" (the API's), and
+    "ready" (the request's arrival at the API to its response media being ready)."""
     totals: dict[str, list[float]] = {}
     for name, labels, value in _samples(text):
         metric, _, sample = name.rpartition("_")
-        if sample not in ("sum", "count") or metric not in (E2E_METRIC, WALK_METRIC, ENCODE_METRIC):
+        if sample not in ("sum", "count") or (metric not in STAGE_METRICS and metric != WALK_METRIC):
             continue
-        stage = {E2E_METRIC: "e2e", ENCODE_METRIC: "encode"}.get(metric) or "walk:" + labels["walk"]
+        stage = STAGE_METRICS.get(metric) or "walk:" + labels["walk"]
         totals.setdefault(stage, [0.0, 0.0])[sample == "count"] += value
     return totals
 
 
 def stage_breakdown(before: dict, after: dict, num_requests: int) -> dict[str, float]:
-    """ms per request of each stage between two scrapes ("e2e", "walk:<name>", "encode")."""
+    """ms per request of each stage between two scrapes ("e2e", "walk:<name>", "encode", "ready")."""
     breakdown = {}
     for stage, (seconds, count) in after.items():
         seconds_before, count_before = before.get(stage, [0.0, 0.0])

@@ -52,7 +52,8 @@ def _parity_cell(entry: dict[str, Any] | None) -> str:
 
 def _c1_stages_cell(result: dict[str, Any]) -> str:
     """Where a c=1 request's time went, ms: the client's mean, the server's e2e and walks (from its
-    /metrics), the API's media encode after the request's end."""
+    /metrics), the API's media encode after the request's end, and the arrival-to-media-ready time
+    (the client's mean less it: transfer, and a video client's polling)."""
     steady = result.get("phases", {}).get("steady_c1") or {}
     server_ms = steady.get("server_ms_per_request") or {}
     if not server_ms or steady.get("latency_mean_s") is None:
@@ -60,7 +61,8 @@ def _c1_stages_cell(result: dict[str, Any]) -> str:
     walks = ", ".join(f"{name[5:]} {ms:.0f}" for name, ms in server_ms.items() if name.startswith("walk:"))
     return (
         f"client {1000 * steady['latency_mean_s']:.0f}; server e2e {_fmt(server_ms.get('e2e'), 0)} "
-        f"(walks: {walks}); media encode {_fmt(server_ms.get('encode'), 1)}"
+        f"(walks: {walks}); media encode {_fmt(server_ms.get('encode'), 1)}; "
+        f"media ready {_fmt(server_ms.get('ready'), 0)}"
     )
 
 

@@ -90,6 +90,8 @@ def test_metrics_present_and_moving(image_client):
     assert after[("mstar:recompiles_total", (model, ("node", "dit")))] == 2
     encodes = ("mstar:media_encode_seconds_count", (("format", "png"), model))
     assert after[encodes] - before.get(encodes, 0) == 1  # one response: both images and the body
+    ready = ("mstar:media_ready_seconds_count", (("format", "png"), model))
+    assert after[ready] - before.get(ready, 0) == 1
     hits = ("mstar:node_events_total", (("event", "prompt_cache_hits"), model, ("node", "text_encoder")))
     assert after[hits] == 4
     assert (
@@ -98,16 +100,22 @@ def test_metrics_present_and_moving(image_client):
     ) not in after
 
 
-def test_video_jobs_report_their_mp4_encode(video_client):
-    client, _ = video_client
-    encodes = ("mstar:media_encode_seconds_count", (("format", "mp4"), ("model_name", "fake-video")))
-    before = scrape(client).get(encodes, 0)
+def test_video_jobs_report_their_mp4_encode_and_when_it_was_ready(video_client):
+    client, runtime = video_client
+    runtime.step_delay_s = 0.05
+    labels = (("format", "mp4"), ("model_name", "fake-video"))
+    encodes, ready = ("mstar:media_encode_seconds_count", labels), ("mstar:media_ready_seconds_count", labels)
+    ready_sum = ("mstar:media_ready_seconds_sum", labels)
+    before = scrape(client)
     job = client.post("/v1/videos", json={"prompt": "x", "num_frames": 5, "num_inference_steps": 2}).json()
     for _ in range(500):
         if client.get(f"/v1/videos/{job['id']}").json()["status"] == "completed":
             break
         time.sleep(0.01)
-    assert scrape(client)[encodes] - before == 1
+    after = scrape(client)
+    assert after[encodes] - before.get(encodes, 0) == 1
+    assert after[ready] - before.get(ready, 0) == 1
+    assert after[ready_sum] - before.get(ready_sum, 0) >= 0.1  # two steps of 50 ms at least
 
 
 def test_running_gauge_reads_runtime_stats(video_client):

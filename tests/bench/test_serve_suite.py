@@ -84,9 +84,10 @@ def test_stage_breakdown_reads_walks_e2e_and_encode_from_our_metrics_text():
         metrics.observe_walk("t2v", 6.0)
         metrics.observe_request_end("completed", 6.1)
         metrics.observe_media_encode("mp4", 0.05)
+        metrics.observe_media_ready("mp4", 6.2)
     breakdown = stage_breakdown(before, stage_seconds_from_metrics(metrics.render().decode()), num_requests=2)
     assert breakdown == pytest.approx(
-        {"walk:encode_text": 20.0, "walk:t2v": 6000.0, "e2e": 6100.0, "encode": 50.0}
+        {"walk:encode_text": 20.0, "walk:t2v": 6000.0, "e2e": 6100.0, "encode": 50.0, "ready": 6200.0}
     )
 
 
@@ -239,3 +240,17 @@ def test_comparison_rows_take_both_diffusers_modes_measured_in_the_same_run():
     (throughput,) = [row for row in rows if "throughput, c=1 " in row]
     assert "| 4.29 | 5.71 | 1.87x eager, 1.40x compiled |" in throughput
     assert not any("†" in row for row in rows)  # nothing taken from H200.md
+
+
+def test_c1_stage_row_names_each_stage_and_when_media_was_ready():
+    from mstar.bench.suite_report import summary_rows
+
+    server_ms = {"e2e": 6432.0, "walk:encode_text": 9.9, "walk:t2v": 6421.7, "encode": 32.9, "ready": 6480.0}
+    result = {
+        "options": {"serve": {"kind": "video"}, "high_concurrency": 4},
+        "phases": {"steady_c1": {"latency_mean_s": 6.573, "server_ms_per_request": server_ms}},
+    }
+    cell = dict((metric, value) for metric, value, _ in summary_rows(result))["c=1 ms a request (mean)"]
+    assert cell == (
+        "client 6573; server e2e 6432 (walks: encode_text 10, t2v 6422); media encode 32.9; media ready 6480"
+    )
