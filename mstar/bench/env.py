@@ -33,6 +33,49 @@ def _git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
+def working_tree_hash(directory: str | None = None) -> str | None:
+    """Git's tree hash of the files as they are (tracked and not ignored, edits included), taken
+    through a scratch index so the repository's own index is untouched.
+
+    Why: a copied tree's git metadata can be older than its files (the H200's copy described
+    itself as a commit of hours before), but the same files give the same tree hash anywhere, and
+    `commit_of_tree` finds the commit that holds them."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        environment = {**os.environ, "GIT_INDEX_FILE": os.path.join(scratch, "index")}
+        try:
+            for command in (["git", "add", "-A"], ["git", "write-tree"]):
+                result = subprocess.run(
+                    command, cwd=directory, env=environment, capture_output=True, text=True, timeout=60
+                )
+                if result.returncode != 0:
+                    return None
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return result.stdout.strip() or None
+
+
+def commit_of_tree(tree: str, directory: str | None = None) -> str | None:
+    """The newest commit (short hash) whose files are exactly `tree`, or None."""
+    try:
+        result = subprocess.run(
+            ["git", "log", "--all", "--format=%h %T"],
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in result.stdout.splitlines():
+        commit, _, commit_tree = line.partition(" ")
+        if commit_tree == tree:
+            return commit
+    return None
+
+
 def _cuda_info() -> dict[str, Any]:
     """GPU name and CUDA version when torch is importable; never initialises CUDA without torch."""
     try:
@@ -64,6 +107,7 @@ def env_info(argv: list[str] | None = None, with_cuda: bool = True) -> dict[str,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "commit": _git_commit(),
+        "tree": working_tree_hash(),
         "versions": {name: package_version(name) for name in PACKAGES},
         "command": " ".join(["mstar", "bench", *(argv if argv is not None else sys.argv[1:])]),
     }

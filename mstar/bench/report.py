@@ -198,6 +198,19 @@ def _end_to_end_rows(workload: str, pipelines: list[dict], serves: list[dict]) -
     return rows
 
 
+def code_label(env: dict[str, Any]) -> str:
+    """Which code ran: the commit whose files equal the run's working tree when this repository has
+    one (a copied tree's own git metadata may be stale), else what the run's git described."""
+    from mstar.bench.env import commit_of_tree
+
+    tree = env.get("tree")
+    commit = commit_of_tree(tree) if tree else None
+    if commit is not None:
+        return f"commit {commit} (its files)"
+    described = f"commit {env.get('commit') or '-'}"
+    return f"{described}, tree {tree[:12]} (no commit here has those files)" if tree else described
+
+
 def _env_lines(results: list[dict[str, Any]]) -> list[str]:
     lines = []
     for result in results:
@@ -205,7 +218,7 @@ def _env_lines(results: list[dict[str, Any]]) -> list[str]:
         versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items() if v)
         lines.append(
             f"- {result['benchmark']}: {env.get('date_utc', '-')}, GPU {env.get('gpu') or '-'}, "
-            f"CUDA {env.get('cuda') or '-'}, {versions}, commit {env.get('commit') or '-'}"
+            f"CUDA {env.get('cuda') or '-'}, {versions}, {code_label(env)}"
         )
     return lines
 
