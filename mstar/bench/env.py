@@ -19,18 +19,22 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
+def _git(
+    *args: str, directory: str | None = None, env: dict[str, str] | None = None, timeout_s: float = 60
+) -> str | None:
+    """git's stripped output ("" when it says nothing), or None when git is missing or fails."""
     try:
         result = subprocess.run(
-            # "-dirty" when the files differ from the commit (a copied tree, local edits)
-            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
-            capture_output=True,
-            text=True,
-            timeout=5,
+            ["git", *args], cwd=directory, env=env, capture_output=True, text=True, timeout=timeout_s
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return result.stdout.strip() or None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def _git_commit() -> str | None:
+    # "-dirty" when the files differ from the commit (a copied tree, local edits)
+    return _git("describe", "--always", "--dirty", "--abbrev=7", timeout_s=5) or None
 
 
 def working_tree_hash(directory: str | None = None) -> str | None:
@@ -45,31 +49,16 @@ def working_tree_hash(directory: str | None = None) -> str | None:
 
     with tempfile.TemporaryDirectory() as scratch:
         environment = {**os.environ, "GIT_INDEX_FILE": os.path.join(scratch, "index")}
-        try:
-            for command in (["git", "add", "-A"], ["git", "write-tree"]):
-                result = subprocess.run(
-                    command, cwd=directory, env=environment, capture_output=True, text=True, timeout=60
-                )
-                if result.returncode != 0:
-                    return None
-        except (OSError, subprocess.SubprocessError):
+        if _git("add", "-A", directory=directory, env=environment) is None:
             return None
-    return result.stdout.strip() or None
+        return _git("write-tree", directory=directory, env=environment) or None
 
 
 def commit_of_tree(tree: str, directory: str | None = None) -> str | None:
     """The newest commit (short hash) whose files are exactly `tree`, or None."""
-    try:
-        result = subprocess.run(
-            ["git", "log", "--all", "--format=%h %T"],
-            cwd=directory,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in result.stdout.splitlines():
+    for line in (
+        _git("log", "--all", "--format=%h %T", directory=directory, timeout_s=30) or ""
+    ).splitlines():
         commit, _, commit_tree = line.partition(" ")
         if commit_tree == tree:
             return commit
