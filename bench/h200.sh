@@ -64,6 +64,8 @@
 #  call22: carry .whl_pack; the Z-Image VAE GPU test, the Z-Image suite, a second fresh server's image.
 #  call23: carry .whl_pack; Wan 832x480x33 at c=1 (6 steady requests).
 #  call24: carry .whl_pack; Z-Image 1024 at c=1 (8 steady requests).
+#  call25: carry .whl_pack; x264 settings on this host; Wan 832x480x33 at c=1, polled every 50 ms and
+#          following the server's hint.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
@@ -73,7 +75,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -95,7 +97,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -219,7 +221,7 @@ suite_phase() {  # suite_phase MODEL WORKLOAD COMPILE_SIZES_JSON RESERVE_S SUITE
   [ "$status" = 124 ] && echo "suite $workload: stopped by the time guard after ${limit}s (phases done are in the JSON)"
   [ "$status" != 0 ] && tail -5 "$out/suite-$workload.out"
   echo "recompile warnings in the server log: $(grep -c 'recompiled' "$log")"
-  stop_server
+  [ -n "${KEEP_SERVER:-}" ] || stop_server  # KEEP_SERVER=1: the caller measures more, then stops it
   echo "suite $workload: exit $status at ${SECONDS}s"
   return $status
 }
@@ -365,6 +367,17 @@ case "$phase" in
     wan_c1 6 20 ;;
   call24)  # carry .whl_pack: Z-Image 1024 at c=1 on another machine (8 steady requests)
     zimage_c1 8 20 ;;
+  call25)  # carry .whl_pack: the MP4 encodes (x264 settings) on this host; Wan 832x480x33 at c=1,
+    # polled every 50 ms (the suite, with the media-ready stage), then following the server's poll hint
+    guarded encode-speed 90 python3 bench/encode_speed.py
+    KEEP_SERVER=1 wan_c1 5 60
+    if [ -n "$server_pid" ] && [ "$(left_s)" -gt 45 ]; then
+      timeout -k 5 $(($(left_s) - 15)) python3 -m mstar.cli bench serve --base-url http://127.0.0.1:8765 \
+        --workload wan-480p-t2v --model wan2.2-ti2v-5b --concurrency 1 --num-requests 4 --num-warmup 0 \
+        --poll-interval 0 -o "$out/serve-wan-hint.json" > "$out/serve-wan-hint.out" 2>&1
+      echo "serve following the hint: exit $? at ${SECONDS}s"
+    fi
+    stop_server ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     wan_suite

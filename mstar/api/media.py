@@ -62,6 +62,8 @@ def encode_image(frame: Any, output_format: str = "png", quality: int | None = N
 # 8: on the H200's 16-core host a 832x480x33 clip took 174 ms whole (automatic: 170, 4: 232) and
 # 38 ms after its last chunk when muxed as the VAE decodes (4: 54); on 2 cores, 10% over automatic.
 MP4_ENCODE_THREADS = 8
+# mbtree off: see Mp4Writer._open. A module constant so bench/encode_speed.py can time other settings.
+MP4_X264_PARAMS = "mbtree=0"
 
 
 class Mp4Writer:
@@ -157,7 +159,7 @@ class Mp4Writer:
         # repeats: 40.6 dB). Off, the bytes depend on the frames only; mbtree's usual gain in
         # compression on natural video is given up (a noise-like random-weight clip came out 4%
         # smaller and 14% faster to encode on CPU).
-        stream.options = {"crf": "18", "preset": "veryfast", "x264-params": "mbtree=0"}
+        stream.options = {"crf": "18", "preset": "veryfast", "x264-params": MP4_X264_PARAMS}
         self._stream = stream
 
 

@@ -29,7 +29,9 @@ logger = logging.getLogger("mstar.api")
 router = APIRouter()
 
 MAX_POLL_AFTER_MS = 500
-MIN_POLL_AFTER_MS = 100
+MIN_POLL_AFTER_MS = 100  # while denoising, and decoding with no estimate of its end
+DUE_POLL_AFTER_MS = 50  # a job past its estimated end
+FINISH_MARGIN_MS = 10  # the decode and mux of one shape vary by a few ms from job to job
 DEFAULT_FPS = 16
 
 
@@ -67,17 +69,28 @@ def _describe(body: VideoCreateRequest, params: dict[str, Any]) -> tuple[str, st
     return size, seconds
 
 
-def poll_after_ms(job: VideoJob) -> int:
-    """The `openai-poll-after-ms` hint: half the job's estimated time left, from its denoise steps'
-    pace, between 100 and 500 ms. Near its end (and while it decodes, once every step is done) a
-    client that follows the hint sees it finish within about 100 ms rather than 500."""
+def poll_after_ms(job: VideoJob, finish_after_steps_s: float | None = None, now: float | None = None) -> int:
+    """The `openai-poll-after-ms` hint, between 100 and 500 ms while the job denoises: half its
+    estimated time left, from its steps' pace plus `finish_after_steps_s` (the last job of its shape's
+    decode and mux, when known). Once every step is done, when it should end (see _after_steps_ms)."""
+    now = time.monotonic() if now is None else now
     if job.num_steps and job.num_steps_done >= job.num_steps:
-        return MIN_POLL_AFTER_MS
+        return _after_steps_ms(job, finish_after_steps_s, now)
     if job.num_steps_done < 2 or job.first_step_at is None or job.last_step_at is None:
         return MAX_POLL_AFTER_MS  # no pace yet (the first step's time includes the prompt's)
     step_s = (job.last_step_at - job.first_step_at) / (job.num_steps_done - 1)
-    left_ms = 1000 * step_s * (job.num_steps - job.num_steps_done)
-    return int(min(MAX_POLL_AFTER_MS, max(MIN_POLL_AFTER_MS, left_ms / 2)))
+    left_ms = 1000 * (step_s * (job.num_steps - job.num_steps_done) + (finish_after_steps_s or 0.0))
+    return round(min(MAX_POLL_AFTER_MS, max(MIN_POLL_AFTER_MS, left_ms / 2)))
+
+
+def _after_steps_ms(job: VideoJob, finish_after_steps_s: float | None, now: float) -> int:
+    """Decoding and muxing. With the time the last job of its shape took from its last step to its MP4,
+    the hint is when this one should be ready, plus a margin (a poll just before the end costs a whole
+    wait more); once it is due, polls every 50 ms. Without that time, every 100 ms."""
+    if finish_after_steps_s is None or job.steps_done_at is None:
+        return MIN_POLL_AFTER_MS
+    left_ms = 1000 * (finish_after_steps_s - (now - job.steps_done_at)) + FINISH_MARGIN_MS
+    return round(min(MAX_POLL_AFTER_MS, max(DUE_POLL_AFTER_MS, left_ms)))
 
 
 async def mux_video(
@@ -112,6 +125,8 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted, arriv
         job.num_steps_done, job.num_steps = step, total
         job.first_step_at = job.first_step_at or now
         job.last_step_at = now
+        if step >= total:
+            job.steps_done_at = now
 
     try:
         job.content, _ = await mux_video(state.generator, submitted, on_progress)
@@ -150,15 +165,20 @@ async def create_video(request: Request) -> JSONResponse:
         request_id=submitted.handle.request_id,
     )
     job.task = asyncio.create_task(run_job(state, job, submitted, arrived))
-    return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(poll_after_ms(job))})
+    hint_ms = poll_after_ms(job, state.jobs.finish_after_steps_s(job))
+    return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(hint_ms)})
 
 
 @router.get("/v1/videos/{video_id}")
 async def retrieve_video(video_id: str, request: Request) -> JSONResponse:
-    job = server_state(request).jobs.get(video_id)
+    jobs = server_state(request).jobs
+    job = jobs.get(video_id)
     if job.status in FINISHED:
         return JSONResponse(job.to_json())
-    hint_ms = MIN_POLL_AFTER_MS if locks_first_poll_hint(request) else poll_after_ms(job)
+    if locks_first_poll_hint(request):
+        hint_ms = MIN_POLL_AFTER_MS
+    else:
+        hint_ms = poll_after_ms(job, jobs.finish_after_steps_s(job))
     return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(hint_ms)})
 
 

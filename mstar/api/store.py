@@ -35,6 +35,7 @@ class VideoJob:
     num_steps: int = 0
     first_step_at: float | None = None  # monotonic times of the first and latest step seen
     last_step_at: float | None = None
+    steps_done_at: float | None = None  # monotonic time its last denoise step was seen
     completed_at: float | None = None
     expires_at: float | None = None
     error: dict[str, Any] | None = None
@@ -72,6 +73,9 @@ class JobStore:
         self.ttl_s = ttl_s
         self.clock = clock
         self._jobs: OrderedDict[str, VideoJob] = OrderedDict()
+        # (size, seconds) -> seconds the last completed job of that shape took from its last
+        # denoise step to its MP4 (decode and mux): when the next one's should be ready.
+        self._finish_after_steps_s: dict[tuple[str, str], float] = {}
 
     def new_job(self, **fields: Any) -> VideoJob:
         job = VideoJob(id=f"video_{secrets.token_hex(16)}", created_at=self.clock(), **fields)
@@ -82,7 +86,13 @@ class JobStore:
         job.status = status
         job.completed_at = self.clock()
         job.expires_at = job.completed_at + self.ttl_s
+        if status == "completed" and job.steps_done_at is not None:
+            self._finish_after_steps_s[(job.size, job.seconds)] = time.monotonic() - job.steps_done_at
         self._cap_finished()
+
+    def finish_after_steps_s(self, job: VideoJob) -> float | None:
+        """How long the last completed job of this job's shape took from its last step to its MP4."""
+        return self._finish_after_steps_s.get((job.size, job.seconds))
 
     def get(self, job_id: str) -> VideoJob:
         self.purge_expired()

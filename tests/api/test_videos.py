@@ -7,7 +7,12 @@ import time
 import pytest
 
 from mstar.api.media import Mp4Writer, decode_mp4, encode_mp4
-from mstar.api.routes_videos import MAX_POLL_AFTER_MS, MIN_POLL_AFTER_MS, poll_after_ms
+from mstar.api.routes_videos import (
+    DUE_POLL_AFTER_MS,
+    MAX_POLL_AFTER_MS,
+    MIN_POLL_AFTER_MS,
+    poll_after_ms,
+)
 from mstar.api.store import JobStore, VideoJob
 from tests.api.conftest import build_client
 from tests.api.fakes import FakeVideoSpec, seeded_frames
@@ -68,8 +73,40 @@ def test_poll_hint_shrinks_as_the_job_nears_its_end():
     assert poll_after_ms(job) == 240
     job.num_steps_done, job.last_step_at = 49, 15.76  # 1 step left: 0.12 s
     assert poll_after_ms(job) == MIN_POLL_AFTER_MS
-    job.num_steps_done = 50  # decoding and muxing
+    assert poll_after_ms(job, finish_after_steps_s=0.5) == 310  # (0.12 + 0.5) / 2
+    job.num_steps_done = 50  # decoding and muxing, no estimate of its end yet
     assert poll_after_ms(job) == MIN_POLL_AFTER_MS
+
+
+def test_poll_hint_after_the_steps_points_at_the_estimated_end():
+    """The last job of the shape took 0.45 s from its last step to its MP4: a decoding job is told to
+    come back then (plus a margin), and every 50 ms once it is due."""
+    job = VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
+    job.num_steps = job.num_steps_done = 50
+    job.steps_done_at = 20.0
+    assert poll_after_ms(job, 0.45, now=20.0) == 460
+    assert poll_after_ms(job, 0.45, now=20.3) == 160
+    assert poll_after_ms(job, 0.45, now=20.43) == DUE_POLL_AFTER_MS
+    assert poll_after_ms(job, 0.45, now=21.0) == DUE_POLL_AFTER_MS  # late
+    assert poll_after_ms(job, 2.0, now=20.0) == MAX_POLL_AFTER_MS
+
+
+def test_job_store_keeps_the_last_finish_time_after_the_steps_per_shape():
+    store = JobStore(ttl_s=60)
+
+    def job_of(size):
+        job = store.new_job(model="m", prompt="p", size=size, seconds="2", request_id="r")
+        job.steps_done_at = time.monotonic() - 0.3
+        return job
+
+    done = job_of("832x480")
+    assert store.finish_after_steps_s(done) is None
+    store.finish(done, "completed")
+    assert 0.3 <= store.finish_after_steps_s(job_of("832x480")) < 1.0
+    assert store.finish_after_steps_s(job_of("480x832")) is None  # another shape
+    failed = job_of("480x832")
+    store.finish(failed, "failed")  # a failed job's time says nothing of a decode
+    assert store.finish_after_steps_s(failed) is None
 
 
 def test_cancel_running_job(video_client):
