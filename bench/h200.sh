@@ -66,6 +66,7 @@
 #  call24: carry .whl_pack; Z-Image 1024 at c=1 (8 steady requests).
 #  call25: carry .whl_pack; x264 settings on this host; Wan 832x480x33 at c=1, polled every 50 ms and
 #          following the server's hint.
+#  call26: carry .whl_pack; Wan 832x480x33 at c=1 with each video's timeline from the server log.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
@@ -75,7 +76,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -97,7 +98,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -378,6 +379,10 @@ case "$phase" in
       echo "serve following the hint: exit $? at ${SECONDS}s"
     fi
     stop_server ;;
+  call26)  # carry .whl_pack: Wan 832x480x33 at c=1; each video's end from the server's log (the
+    # runtime's outputs, the last frames written to the encoder, the MP4)
+    wan_c1 6 20
+    grep -h "ms after arrival" "$out/server-wan-480p-t2v.log" | tee "$out/video-timelines.txt" ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     wan_suite

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -93,23 +94,54 @@ def _after_steps_ms(job: VideoJob, finish_after_steps_s: float | None, now: floa
     return round(min(MAX_POLL_AFTER_MS, max(DUE_POLL_AFTER_MS, left_ms)))
 
 
+@dataclass
+class MuxTimeline:
+    """perf_counter times of a video request's end, for the log line that says where it went."""
+
+    arrived: float
+    steps_done: float | None = None
+    last_piece_in: float | None = None  # the last piece of frames taken from the runtime
+    last_piece_written: float | None = None  # ... and handed to the encoder
+    outputs: float | None = None  # the runtime's outputs (the request's end there)
+    ready: float | None = None  # the MP4's bytes
+
+    def describe(self) -> str:
+        marks = {
+            "steps done": self.steps_done,
+            "last frames in": self.last_piece_in,
+            "written": self.last_piece_written,
+            "outputs": self.outputs,
+            "mp4": self.ready,
+        }
+        return ", ".join(
+            f"{name} {1000 * (at - self.arrived):.0f}" for name, at in marks.items() if at is not None
+        )
+
+
 async def mux_video(
-    generator: Generator, submitted: Submitted, on_progress: ProgressCallback | None = None
+    generator: Generator,
+    submitted: Submitted,
+    on_progress: ProgressCallback | None = None,
+    timeline: MuxTimeline | None = None,
 ) -> tuple[bytes, Mp4Writer]:
     """Follow a video request to its MP4 (and the writer, which knows the frames' count and size).
     Frames the model sends in pieces are muxed as they come, in a thread; whole frames at the end."""
     writer = Mp4Writer(int(submitted.params.get("fps") or DEFAULT_FPS))
+    timeline = timeline or MuxTimeline(time.perf_counter())
 
     async def on_piece(frames: Any) -> None:  # a clip's frames as its chunks decode: mux them now
+        timeline.last_piece_in = time.perf_counter()
         await asyncio.to_thread(writer.write, frames)
+        timeline.last_piece_written = time.perf_counter()
 
     try:
         outputs = await generator.outputs(submitted, on_progress, on_piece)
-        encode_started = time.perf_counter()
+        encode_started = timeline.outputs = time.perf_counter()
         if writer.num_frames == 0:  # the model sent its frames whole
             await asyncio.to_thread(writer.write, generator.media_tensor(outputs))
         content = await asyncio.to_thread(writer.finish)
-        generator.metrics.observe_media_encode("mp4", time.perf_counter() - encode_started)
+        timeline.ready = time.perf_counter()
+        generator.metrics.observe_media_encode("mp4", timeline.ready - encode_started)
         return content, writer
     finally:
         # In a thread: a write of a cancelled request (deleted) may still run there; close waits for it.
@@ -118,6 +150,7 @@ async def mux_video(
 
 async def run_job(state: ServerState, job: VideoJob, submitted: Submitted, arrived: float) -> None:
     """Follow the job's request to its MP4; `arrived`: the create request's perf_counter time."""
+    timeline = MuxTimeline(arrived)
 
     def on_progress(step: int, total: int) -> None:
         now = time.monotonic()
@@ -127,11 +160,15 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted, arriv
         job.last_step_at = now
         if step >= total:
             job.steps_done_at = now
+            timeline.steps_done = time.perf_counter()
 
     try:
-        job.content, _ = await mux_video(state.generator, submitted, on_progress)
+        job.content, writer = await mux_video(state.generator, submitted, on_progress, timeline)
         state.metrics.observe_media_ready("mp4", time.perf_counter() - arrived)
         state.jobs.finish(job, "completed")
+        logger.info(
+            "video %s, %d frames: ms after arrival: %s", job.id, writer.num_frames, timeline.describe()
+        )
     except ApiError as error:
         job.error = {"code": error.code or "failed", "message": error.message}
         state.jobs.finish(job, "failed")

@@ -148,6 +148,20 @@ def test_frames_muxed_as_they_come_give_the_same_file_as_whole(video_client):
     assert contents[0] == contents[1] == encode_mp4(seeded_frames(runtime.submitted[-1][0]), fps=8)
 
 
+def test_a_finished_job_logs_where_its_time_went(video_client, caplog):
+    client, runtime = video_client
+    runtime.piece_frames = 2
+    with caplog.at_level("INFO", logger="mstar.api"):
+        job = client.post("/v1/videos", json={**VIDEO, "num_frames": 9}).json()
+        assert wait_for(client, job["id"])["status"] == "completed"
+    runtime.piece_frames = 0
+    line = next(record.getMessage() for record in caplog.records if job["id"] in record.getMessage())
+    marks = dict(part.rsplit(" ", 1) for part in line.split(": ms after arrival: ")[1].split(", "))
+    assert list(marks) == ["steps done", "last frames in", "written", "outputs", "mp4"]
+    times_ms = [float(value) for value in marks.values()]
+    assert times_ms == sorted(times_ms) and "9 frames" in line
+
+
 def test_a_muxer_failure_fails_the_job_and_stops_its_request(video_client, monkeypatch):
     client, runtime = video_client
     runtime.piece_frames, runtime.step_delay_s = 1, 0.02
