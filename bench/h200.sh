@@ -67,6 +67,7 @@
 #  call25: carry .whl_pack; x264 settings on this host; Wan 832x480x33 at c=1, polled every 50 ms and
 #          following the server's hint.
 #  call26: carry .whl_pack; Wan 832x480x33 at c=1 with each video's timeline from the server log.
+#  call27: carry .whl_pack; the threads using the host's CPU while a Wan request runs (OMP default, 4).
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
@@ -76,7 +77,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -98,7 +99,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -383,6 +384,28 @@ case "$phase" in
     # runtime's outputs, the last frames written to the encoder, the MP4)
     wan_c1 6 20
     grep -h "ms after arrival" "$out/server-wan-480p-t2v.log" | tee "$out/video-timelines.txt" ;;
+  call27)  # carry .whl_pack: which threads use the host's CPU while a Wan 832x480x33 request runs at
+    # c=1 (bench/thread_cpu.py over the server's session), at the defaults, then on a second server
+    # with OMP_NUM_THREADS=4 (torch's CPU threads in every process), each with its videos' timelines
+    lscpu | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\))" > "$out/cpu-threads.txt"
+    for omp in default 4; do
+      [ "$omp" = default ] || export OMP_NUM_THREADS=$omp
+      KEEP_SERVER=1 wan_c1 2 45
+      if [ -n "$server_pid" ] && [ "$(left_s)" -gt 40 ]; then
+        python3 bench/thread_cpu.py "$server_pid" --duration 8 --interval 0.25 >> "$out/cpu-threads.txt" 2>&1 &
+        sampler=$!
+        echo "== OMP_NUM_THREADS $omp: one request, sampled" >> "$out/cpu-threads.txt"
+        timeout -k 5 40 python3 -m mstar.cli bench serve --base-url http://127.0.0.1:8765 \
+          --workload wan-480p-t2v --model wan2.2-ti2v-5b --concurrency 1 --num-requests 1 --num-warmup 0 \
+          --poll-interval 0.05 -o "/tmp/serve-sampled.json" > /dev/null 2>&1
+        wait "$sampler"
+        { echo "== OMP_NUM_THREADS $omp: timelines"; grep -h "ms after arrival" "$out/server-wan-480p-t2v.log"
+          grep -E "steady c=1 p50|c=1 ms a request" "$out/suite-wan-480p-t2v.md"; } >> "$out/cpu-threads.txt"
+      fi
+      stop_server
+      mv "$out/server-wan-480p-t2v.log" "$out/server-wan-omp-$omp.log"
+    done
+    unset OMP_NUM_THREADS ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
     wan_suite
