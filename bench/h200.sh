@@ -385,7 +385,7 @@ case "$phase" in
     wan_c1 6 20
     grep -h "ms after arrival" "$out/server-wan-480p-t2v.log" | tee "$out/video-timelines.txt" ;;
   call27)  # carry .whl_pack: which threads use the host's CPU while a Wan 832x480x33 request runs at
-    # c=1 (bench/thread_cpu.py over the server's session), at the defaults, then on a second server
+    # c=1 (bench/thread_cpu.py over the server and its workers), at the defaults, then on a second server
     # with OMP_NUM_THREADS=4 (torch's CPU threads in every process), each with its videos' timelines
     lscpu | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\))" > "$out/cpu-threads.txt"
     for omp in default 4; do

@@ -1,7 +1,8 @@
-"""CPU time by thread of every process in one session (a server started with setsid), sampled from
-/proc: which threads compete with the MP4 encoder's while a request runs. Linux only.
+"""CPU time by thread of a process and all its descendants (a server and its workers, which run in
+sessions of their own), sampled from /proc: which threads compete with the MP4 encoder's while a
+request runs. Linux only.
 
-    python3 bench/thread_cpu.py SESSION_ID --duration 8 --interval 0.25
+    python3 bench/thread_cpu.py PID --duration 8 --interval 0.25
 
 Prints, per window, the threads that used more than `--min-percent` of a core in it (process id,
 process name, thread name, % of one core), then each thread's total over the whole run.
@@ -32,14 +33,20 @@ def _stat_fields(path: str) -> list[str] | None:
     ]
 
 
-def session_pids(session_id: int) -> list[int]:
-    pids = []
+def process_tree(root_pid: int) -> list[int]:
+    """root_pid and every process below it."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat_fields(f"/proc/{entry}/stat")
-            if fields is not None and int(fields[5]) == session_id:  # field 6: the session id
-                pids.append(int(entry))
-    return pids
+            if fields is not None:
+                children.setdefault(int(fields[3]), []).append(int(entry))  # field 4: the parent
+    tree, pending = [], [root_pid]
+    while pending:
+        pid = pending.pop()
+        tree.append(pid)
+        pending.extend(children.get(pid, []))
+    return tree
 
 
 def thread_ticks(pids: list[int]) -> dict[tuple[int, str, int, str], int]:
@@ -60,17 +67,17 @@ def thread_ticks(pids: list[int]) -> dict[tuple[int, str, int, str], int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("session_id", type=int)
+    parser.add_argument("pid", type=int, help="the root process (the server's)")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds")
     parser.add_argument("--interval", type=float, default=0.25, help="seconds a window")
     parser.add_argument("--min-percent", type=float, default=10.0)
     args = parser.parse_args()
     started = time.monotonic()
-    previous = thread_ticks(session_pids(args.session_id))
+    previous = thread_ticks(process_tree(args.pid))
     totals: dict[tuple, int] = defaultdict(int)
     while time.monotonic() - started < args.duration:
         time.sleep(args.interval)
-        current = thread_ticks(session_pids(args.session_id))
+        current = thread_ticks(process_tree(args.pid))
         busy = []
         for key, ticks in current.items():
             used = ticks - previous.get(key, ticks)
