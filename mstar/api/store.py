@@ -18,6 +18,7 @@ from mstar.api.errors import ApiError
 
 MAX_FINISHED_ENTRIES = 1024
 MAX_STORED_BYTES = 2 * 1024**3
+MAX_FINISH_TIME_SHAPES = 256  # video shapes whose decode-and-mux time is kept (the oldest dropped)
 FINISHED = ("completed", "failed")
 
 
@@ -75,7 +76,7 @@ class JobStore:
         self._jobs: OrderedDict[str, VideoJob] = OrderedDict()
         # (size, seconds) -> seconds the last completed job of that shape took from its last
         # denoise step to its MP4 (decode and mux): when the next one's should be ready.
-        self._finish_after_steps_s: dict[tuple[str, str], float] = {}
+        self._finish_after_steps_s: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     def new_job(self, **fields: Any) -> VideoJob:
         job = VideoJob(id=f"video_{secrets.token_hex(16)}", created_at=self.clock(), **fields)
@@ -87,8 +88,15 @@ class JobStore:
         job.completed_at = self.clock()
         job.expires_at = job.completed_at + self.ttl_s
         if status == "completed" and job.steps_done_at is not None:
-            self._finish_after_steps_s[(job.size, job.seconds)] = time.monotonic() - job.steps_done_at
+            self._note_finish_time(job)
         self._cap_finished()
+
+    def _note_finish_time(self, job: VideoJob) -> None:
+        shape = (job.size, job.seconds)
+        self._finish_after_steps_s.pop(shape, None)  # re-inserted as the newest
+        self._finish_after_steps_s[shape] = time.monotonic() - job.steps_done_at
+        if len(self._finish_after_steps_s) > MAX_FINISH_TIME_SHAPES:
+            self._finish_after_steps_s.popitem(last=False)
 
     def finish_after_steps_s(self, job: VideoJob) -> float | None:
         """How long the last completed job of this job's shape took from its last step to its MP4."""

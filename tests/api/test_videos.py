@@ -13,7 +13,7 @@ from mstar.api.routes_videos import (
     MIN_POLL_AFTER_MS,
     poll_after_ms,
 )
-from mstar.api.store import JobStore, VideoJob
+from mstar.api.store import MAX_FINISH_TIME_SHAPES, JobStore, VideoJob
 from tests.api.conftest import build_client
 from tests.api.fakes import FakeVideoSpec, seeded_frames
 
@@ -107,6 +107,10 @@ def test_job_store_keeps_the_last_finish_time_after_the_steps_per_shape():
     failed = job_of("480x832")
     store.finish(failed, "failed")  # a failed job's time says nothing of a decode
     assert store.finish_after_steps_s(failed) is None
+    for index in range(MAX_FINISH_TIME_SHAPES):  # as many other shapes: the oldest is dropped
+        store.finish(job_of(f"{index}x16"), "completed")
+    assert store.finish_after_steps_s(job_of("832x480")) is None
+    assert store.finish_after_steps_s(job_of("0x16")) is not None
 
 
 def test_cancel_running_job(video_client):
