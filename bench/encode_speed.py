@@ -91,27 +91,25 @@ def main() -> None:
         print("mp4: skipped (PyAV is not installed here)")
         return
     clip = drifting_clip()
-    served_threads = media.MP4_ENCODE_THREADS
+    served_threads, served_params = media.MP4_ENCODE_THREADS, media.MP4_X264_PARAMS
     for threads in THREAD_COUNTS:
         media.MP4_ENCODE_THREADS = threads
-        ms, size_bytes = median_ms(lambda: encode_mp4(clip, fps=16), num_runs=3)
-        tail_ms = median([streamed_tail_ms(clip) for _ in range(3)])
+        served = " (served)" if threads == served_threads else ""
         print(
-            f"mp4 832x480x33 (veryfast, mbtree off), x264 threads {threads or 'auto'}"
-            f"{' (served)' if threads == served_threads else ''}: whole {ms:.0f} ms, "
-            f"streamed tail {tail_ms:.0f} ms, {size_bytes / 1e6:.2f} MB"
+            f"mp4 832x480x33 (veryfast, mbtree off), x264 threads {threads or 'auto'}{served}: {mp4_figures(clip)}"
         )
     media.MP4_ENCODE_THREADS = served_threads
-    served_params = media.MP4_X264_PARAMS
     for params in X264_VARIANTS:
         media.MP4_X264_PARAMS = params
-        ms, size_bytes = median_ms(lambda: encode_mp4(clip, fps=16), num_runs=3)
-        tail_ms = median([streamed_tail_ms(clip) for _ in range(3)])
-        print(
-            f"mp4 832x480x33 (veryfast), x264 threads {served_threads}, {params}: whole {ms:.0f} ms, "
-            f"streamed tail {tail_ms:.0f} ms, {size_bytes / 1e6:.2f} MB"
-        )
+        print(f"mp4 832x480x33 (veryfast), x264 threads {served_threads}, {params}: {mp4_figures(clip)}")
     media.MP4_X264_PARAMS = served_params
+
+
+def mp4_figures(clip: np.ndarray) -> str:
+    """The clip's encode whole and its streamed tail at media's current x264 settings."""
+    ms, size_bytes = median_ms(lambda: encode_mp4(clip, fps=16), num_runs=3)
+    tail_ms = median([streamed_tail_ms(clip) for _ in range(3)])
+    return f"whole {ms:.0f} ms, streamed tail {tail_ms:.0f} ms, {size_bytes / 1e6:.2f} MB"
 
 
 if __name__ == "__main__":
