@@ -77,7 +77,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|gemm-sustained|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|gemm-sustained|encodes|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -99,7 +99,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | encodes | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -406,6 +406,9 @@ case "$phase" in
       mv "$out/server-wan-480p-t2v.log" "$out/server-wan-omp-$omp.log"
     done
     unset OMP_NUM_THREADS ;;
+  encodes)  # carry .whl_pack: the API's PNG and MP4 encodes on this host (bench/encode_speed.py)
+    guarded encode-speed 150 python3 bench/encode_speed.py
+    cat "$out/encode-speed.out" ;;
   gemm-sustained)  # nothing to carry: the Wan pair's GEMMs in bursts and back to back, clocks beside
     nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 250 > "$out/gpu-clocks.txt" &
     smi=$!
