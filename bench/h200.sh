@@ -77,7 +77,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -99,7 +99,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | encodes | vae-code | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | call28 | encodes | vae-code | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -406,6 +406,15 @@ case "$phase" in
       mv "$out/server-wan-480p-t2v.log" "$out/server-wan-omp-$omp.log"
     done
     unset OMP_NUM_THREADS ;;
+  call28)  # carry .whl_pack: the Wan decode with its shortcuts and doubled frames kept channels-last:
+    # its GPU test (the compiled fast path against the plain decode), then its profile
+    MSTAR_VAE_CHUNK_FRAMES=1 guarded gpu-tests 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+      tests/models/wan22/test_vae_gpu.py
+    guarded vae-profile 150 python3 -m mstar.bench.vae_profile --models wan --wan-chunks 1 \
+      -o "$out/vae-profile.json"
+    grep -E "fast bf16|plain|passed|failed" "$out/gpu-tests.out"
+    python3 -c "import json, sys; v = json.load(open(sys.argv[1]))['variants'][0]; print(v['median_ms'], v['by_kind_ms'])
+for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_per_step'], k['name'][:110])" "$out/vae-profile.json" ;;
   vae-code)  # carry .whl_pack: the Wan decode's profile with inductor's generated code logged (xz)
     TORCH_LOGS=output_code guarded vae-code 200 python3 -m mstar.bench.vae_profile --models wan \
       --wan-chunks 1 --num-timed 3 --num-profiled 1 -o "$out/vae-profile.json"

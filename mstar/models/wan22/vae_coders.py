@@ -6,7 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.models.wan22.vae_blocks import CausalConv3d, FrameCache, MidBlock, Resample, ResidualBlock, RMSNorm
+from mstar.models.wan22.vae_blocks import (
+    CausalConv3d,
+    FrameCache,
+    MidBlock,
+    Resample,
+    ResidualBlock,
+    RMSNorm,
+    frame_memory_format,
+)
 
 
 class AvgDown3D(nn.Module):
@@ -49,12 +57,19 @@ class DupUp3D(nn.Module):
         self.repeats = out_channels * factor // in_channels
 
     def forward(self, x: torch.Tensor, first_chunk: bool = False) -> torch.Tensor:
-        ft, fs = self.factor_t, self.factor_s
+        ft, fs, channels = self.factor_t, self.factor_s, self.out_channels
+        channels_last = frame_memory_format(x) == torch.channels_last_3d
         x = x.repeat_interleave(self.repeats, dim=1)
         b, _, t, h, w = x.shape
-        x = x.view(b, self.out_channels, ft, fs, fs, t, h, w)
-        x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).contiguous()
-        x = x.view(b, self.out_channels, t * ft, h * fs, w * fs)
+        x = x.view(b, channels, ft, fs, fs, t, h, w)
+        if channels_last:
+            # The same values with channels innermost ([b, t, ft, h, fs, w, fs, C]), as the residual
+            # stream this is added to: laid out channels-first, it made the fused norms after it
+            # read one operand across channels, strided.
+            x = x.permute(0, 5, 2, 6, 3, 7, 4, 1).contiguous().view(b, t * ft, h * fs, w * fs, channels)
+            x = x.permute(0, 4, 1, 2, 3)
+        else:
+            x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).contiguous().view(b, channels, t * ft, h * fs, w * fs)
         if first_chunk:
             x = x[:, :, ft - 1 :]  # the first latent frame decodes to one frame
         return x

@@ -172,3 +172,51 @@ def test_host_pieces_on_cuda_are_pinned_copies_of_the_decode(decoder, latents):
     assert [piece.shape[0] for piece in pieces] == [1, 4, 4, 4, 4, 4]
     assert all(piece.device.type == "cpu" and piece.is_pinned() for piece in pieces)
     assert torch.equal(torch.cat(pieces), runner.decode_uint8(clip).cpu())
+
+
+@pytest.mark.parametrize("first_chunk", [False, True])
+def test_upsampling_shortcut_keeps_channels_last_with_the_same_values(first_chunk):
+    """DupUp3D on a channels-last input gives channels-last frames (a channels-first shortcut made
+    the compiled norms after it read across channels), with exactly the values of the other layout."""
+    from mstar.models.wan22.vae_coders import DupUp3D
+
+    shortcut = DupUp3D(in_channels=8, out_channels=4, factor_t=2, factor_s=2)
+    x = torch.randn(1, 8, 3, 5, 7, generator=torch.Generator().manual_seed(2))
+    plain = shortcut(x, first_chunk)
+    frames = shortcut(x.contiguous(memory_format=torch.channels_last_3d), first_chunk)
+    assert plain.shape == frames.shape == (1, 4, 5 if first_chunk else 6, 10, 14)
+    assert torch.equal(plain, frames) and frames.stride(1) == 1
+
+
+class _ChannelsLastOutput(torch.nn.Module):
+    """A causal conv whose output is channels-last, as cuDNN's is for channels-last inputs and
+    weights (the CPU's conv3d returns contiguous frames)."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x, cache=None):
+        return self.conv(x, cache).contiguous(memory_format=torch.channels_last_3d)
+
+
+def test_temporal_upsample_keeps_channels_last_with_the_same_values():
+    """The frames the temporal upsample doubles into keep a channels-last input's layout (a stack
+    made them channels-first, and the spatial upsample after it copied them across channels)."""
+    from mstar.models.wan22.vae_blocks import FrameCache, Resample
+
+    torch.manual_seed(3)
+    resample = Resample(4, "upsample3d").eval()
+    x = torch.randn(1, 4, 2, 3, 5)
+    with torch.no_grad():
+        outputs = []
+        served = convert_to_channels_last(copy.deepcopy(resample))
+        served.time_conv = _ChannelsLastOutput(served.time_conv)
+        for layout, module in ((torch.contiguous_format, resample), (torch.channels_last_3d, served)):
+            first = FrameCache()
+            module._upsample_time(x[:, :, :1].contiguous(memory_format=layout), first)  # no doubling
+            outputs.append(module._upsample_time(x.contiguous(memory_format=layout), FrameCache(first.tails)))
+    plain, frames = outputs
+    assert plain.shape == frames.shape == (1, 4, 4, 3, 5)
+    assert torch.equal(frames, plain)
+    assert frames.stride(1) == 1 and plain.stride(1) != 1
