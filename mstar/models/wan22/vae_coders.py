@@ -122,6 +122,10 @@ class ResidualUpBlock(nn.Module):
         if self.avg_shortcut is not None:
             first_chunk = cache is not None and cache.first_chunk
             x = x + self.avg_shortcut(x_in, first_chunk=first_chunk)
+            # The sum in its input's layout: a no-op in eager, but inductor lays a fresh sum out
+            # channels-first unless told, and every fused norm of the next stage then read it
+            # across channels (its 1x1x1 shortcut conv wrote channels-first too).
+            x = x.contiguous(memory_format=frame_memory_format(x_in))
         return x
 
 
