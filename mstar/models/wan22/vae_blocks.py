@@ -153,13 +153,7 @@ class Resample(nn.Module):
             cache.write(zeros.zero_())  # the same strides as the later chunks' tails: one steady graph
             return x
         x = self.time_conv(x, cache)  # [B, 2C, T, H, W]: channel halves are the two output frames
-        channels_last = frame_memory_format(x) == torch.channels_last_3d
         x = x.reshape(b, 2, c, t, h, w)
-        if channels_last:
-            # The frames interleaved with channels kept innermost ([b, t, 2, h, w, c]): the stack
-            # below gives a channels-first tensor, and the stages after it would mix layouts.
-            x = x.permute(0, 3, 1, 4, 5, 2).contiguous().view(b, t * 2, h, w, c)
-            return x.permute(0, 4, 1, 2, 3)
         x = torch.stack((x[:, 0], x[:, 1]), 3)  # [B, C, T, 2, H, W]
         return x.reshape(b, c, t * 2, h, w)
 

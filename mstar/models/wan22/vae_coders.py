@@ -6,15 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.models.wan22.vae_blocks import (
-    CausalConv3d,
-    FrameCache,
-    MidBlock,
-    Resample,
-    ResidualBlock,
-    RMSNorm,
-    frame_memory_format,
-)
+from mstar.models.wan22.vae_blocks import CausalConv3d, FrameCache, MidBlock, Resample, ResidualBlock, RMSNorm
 
 
 class AvgDown3D(nn.Module):
@@ -57,19 +49,12 @@ class DupUp3D(nn.Module):
         self.repeats = out_channels * factor // in_channels
 
     def forward(self, x: torch.Tensor, first_chunk: bool = False) -> torch.Tensor:
-        ft, fs, channels = self.factor_t, self.factor_s, self.out_channels
-        channels_last = frame_memory_format(x) == torch.channels_last_3d
+        ft, fs = self.factor_t, self.factor_s
         x = x.repeat_interleave(self.repeats, dim=1)
         b, _, t, h, w = x.shape
-        x = x.view(b, channels, ft, fs, fs, t, h, w)
-        if channels_last:
-            # The same values with channels innermost ([b, t, ft, h, fs, w, fs, C]), as the residual
-            # stream this is added to: laid out channels-first, it made the fused norms after it
-            # read one operand across channels, strided.
-            x = x.permute(0, 5, 2, 6, 3, 7, 4, 1).contiguous().view(b, t * ft, h * fs, w * fs, channels)
-            x = x.permute(0, 4, 1, 2, 3)
-        else:
-            x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).contiguous().view(b, channels, t * ft, h * fs, w * fs)
+        x = x.view(b, self.out_channels, ft, fs, fs, t, h, w)
+        x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).contiguous()
+        x = x.view(b, self.out_channels, t * ft, h * fs, w * fs)
         if first_chunk:
             x = x[:, :, ft - 1 :]  # the first latent frame decodes to one frame
         return x
@@ -122,10 +107,6 @@ class ResidualUpBlock(nn.Module):
         if self.avg_shortcut is not None:
             first_chunk = cache is not None and cache.first_chunk
             x = x + self.avg_shortcut(x_in, first_chunk=first_chunk)
-            # The sum in its input's layout: a no-op in eager, but inductor lays a fresh sum out
-            # channels-first unless told, and every fused norm of the next stage then read it
-            # across channels (its 1x1x1 shortcut conv wrote channels-first too).
-            x = x.contiguous(memory_format=frame_memory_format(x_in))
         return x
 
 
