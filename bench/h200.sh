@@ -406,8 +406,8 @@ case "$phase" in
       mv "$out/server-wan-480p-t2v.log" "$out/server-wan-omp-$omp.log"
     done
     unset OMP_NUM_THREADS ;;
-  call28)  # carry .whl_pack: the Wan decode with its shortcuts and doubled frames kept channels-last:
-    # its GPU test (the compiled fast path against the plain decode), then its profile
+  call28)  # carry .whl_pack: the Wan decode's GPU test (the compiled fast path against the plain
+    # decode), then its profile
     MSTAR_VAE_CHUNK_FRAMES=1 guarded gpu-tests 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
       tests/models/wan22/test_vae_gpu.py
     guarded vae-profile 150 python3 -m mstar.bench.vae_profile --models wan --wan-chunks 1 \
