@@ -46,13 +46,19 @@ def node_seconds_from_metrics(text: str) -> dict[str, list[float]]:
     return totals
 
 
+def _differences(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Per key, `after`'s sums less `before`'s (a key first seen after counts from zero)."""
+    differences = {}
+    for key, values in after.items():
+        earlier = before.get(key, [0.0] * len(values))
+        differences[key] = [value - old for value, old in zip(values, earlier, strict=True)]
+    return differences
+
+
 def node_breakdown(before: dict, after: dict, num_requests: int) -> dict[str, dict[str, float]]:
     """Per node, between two scrapes: ms per step and ms per request (where the time went)."""
     breakdown = {}
-    for node, (seconds, steps, host_seconds) in after.items():
-        seconds_before, steps_before, host_seconds_before = before.get(node, [0.0, 0.0, 0.0])
-        seconds, steps = seconds - seconds_before, steps - steps_before
-        host_seconds -= host_seconds_before
+    for node, (seconds, steps, host_seconds) in _differences(before, after).items():
         if steps > 0 and num_requests > 0:
             breakdown[node] = {
                 "ms_per_step": 1000 * seconds / steps,
@@ -93,9 +99,8 @@ def stage_seconds_from_metrics(text: str) -> dict[str, list[float]]:
 
 def stage_breakdown(before: dict, after: dict, num_requests: int) -> dict[str, float]:
     """ms per request of each stage between two scrapes ("e2e", "walk:<name>", "encode", "ready")."""
-    breakdown = {}
-    for stage, (seconds, count) in after.items():
-        seconds_before, count_before = before.get(stage, [0.0, 0.0])
-        if count > count_before and num_requests > 0:
-            breakdown[stage] = 1000 * (seconds - seconds_before) / num_requests
-    return breakdown
+    return {
+        stage: 1000 * seconds / num_requests
+        for stage, (seconds, count) in _differences(before, after).items()
+        if count > 0 and num_requests > 0
+    }
