@@ -43,10 +43,9 @@ def _encode_all(frames_list: list[Any], output_format: str, quality: int | None)
 
 
 def _encode_response(
-    frames_list: list[Any], body: ImageGenerationRequest, size: str, created: int
+    frames_list: list[Any], body: ImageGenerationRequest, output_format: str, size: str, created: int
 ) -> tuple[list[bytes], bytes | None]:
     """The images and, for b64_json, the response body: one trip to a thread for both."""
-    output_format = body.output_format or "png"
     images = _encode_all(frames_list, output_format, body.output_compression)
     if body.response_format == "url":
         return images, None
@@ -82,7 +81,9 @@ async def create_images(request: Request) -> Response:
     height, width = frames_list[0].shape[-3:-1]
     size, created = f"{width}x{height}", int(time.time())
     encode_started = time.perf_counter()
-    images, content = await asyncio.to_thread(_encode_response, frames_list, body, size, created)
+    images, content = await asyncio.to_thread(
+        _encode_response, frames_list, body, output_format, size, created
+    )
     ready = time.perf_counter()
     state.metrics.observe_media_encode(output_format, ready - encode_started)
     state.metrics.observe_media_ready(output_format, ready - arrived)
