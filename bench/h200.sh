@@ -68,6 +68,8 @@
 #          following the server's hint.
 #  call26: carry .whl_pack; Wan 832x480x33 at c=1 with each video's timeline from the server log.
 #  call27: carry .whl_pack; the threads using the host's CPU while a Wan request runs (OMP default, 4).
+#  call28/call29: carry .whl_pack; the Wan decode's GPU test and profile (call29: with the residual sums
+#          pinned channels-last in the graph, and inductor's code logged).
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
@@ -77,7 +79,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -415,6 +417,16 @@ case "$phase" in
     grep -E "fast bf16|plain|passed|failed" "$out/gpu-tests.out"
     python3 -c "import json, sys; v = json.load(open(sys.argv[1]))['variants'][0]; print(v['median_ms'], v['by_kind_ms'])
 for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_per_step'], k['name'][:110])" "$out/vae-profile.json" ;;
+  call29)  # carry .whl_pack: the Wan decode with its residual sums pinned channels-last: the GPU test
+    # (compiled against plain), then the profile with inductor's generated code logged (xz)
+    MSTAR_VAE_CHUNK_FRAMES=1 guarded gpu-tests 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+      tests/models/wan22/test_vae_gpu.py
+    grep -E "fast bf16|plain|passed|failed" "$out/gpu-tests.out"
+    TORCH_LOGS=output_code guarded vae-code 200 python3 -m mstar.bench.vae_profile --models wan \
+      --wan-chunks 1 --num-timed 5 --num-profiled 1 -o "$out/vae-profile.json"
+    python3 -c "import json, sys; v = json.load(open(sys.argv[1]))['variants'][0]; print(v['median_ms'], v['by_kind_ms'])
+for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_per_step'], k['name'][:110])" "$out/vae-profile.json"
+    xz -T0 "$out/vae-code.out" ;;
   vae-code)  # carry .whl_pack: the Wan decode's profile with inductor's generated code logged (xz)
     TORCH_LOGS=output_code guarded vae-code 200 python3 -m mstar.bench.vae_profile --models wan \
       --wan-chunks 1 --num-timed 3 --num-profiled 1 -o "$out/vae-profile.json"

@@ -32,6 +32,22 @@ def copy_frames(x: torch.Tensor) -> torch.Tensor:
     return x.clone(memory_format=frame_memory_format(x))
 
 
+def pin_frame_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Under torch.compile, lay out x [B, C, T, H, W] channels-last when `like` is; else x itself.
+
+    Why: inductor lays out a fresh sum (a residual add) channels-first by default; the 1x1x1
+    shortcut conv that reads it then asks for that order and writes channels-first, and the channel
+    norms after it read across channels (13 of the compiled decode's norm kernels at 480p). Eager
+    tensors already take their inputs' format, so outside a compile nothing changes.
+    """
+    if not torch.compiler.is_compiling() or frame_memory_format(like) is not torch.channels_last_3d:
+        return x
+    from torch._inductor import inductor_prims  # noqa: F401  (registers the prim below)
+
+    _, c, t, h, w = x.shape
+    return torch.ops.prims.inductor_force_stride_order(x, (c * t * h * w, 1, h * w * c, w * c, c))
+
+
 class FrameCache:
     """Tail frames each causal conv hands from one chunk to the next, in call order.
 
@@ -178,7 +194,7 @@ class ResidualBlock(nn.Module):
         shortcut = self.conv_shortcut(x)
         x = self.conv1(F.silu(self.norm1(x)), cache)
         x = self.conv2(F.silu(self.norm2(x)), cache)
-        return x + shortcut
+        return pin_frame_layout(x + shortcut, like=x)
 
 
 class AttentionBlock(nn.Module):

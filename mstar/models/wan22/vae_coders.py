@@ -6,7 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.models.wan22.vae_blocks import CausalConv3d, FrameCache, MidBlock, Resample, ResidualBlock, RMSNorm
+from mstar.models.wan22.vae_blocks import (
+    CausalConv3d,
+    FrameCache,
+    MidBlock,
+    Resample,
+    ResidualBlock,
+    RMSNorm,
+    pin_frame_layout,
+)
 
 
 class AvgDown3D(nn.Module):
@@ -106,7 +114,7 @@ class ResidualUpBlock(nn.Module):
             x = self.upsampler(x, cache)
         if self.avg_shortcut is not None:
             first_chunk = cache is not None and cache.first_chunk
-            x = x + self.avg_shortcut(x_in, first_chunk=first_chunk)
+            x = pin_frame_layout(x + self.avg_shortcut(x_in, first_chunk=first_chunk), like=x_in)
         return x
 
 
