@@ -9,7 +9,7 @@ The served settings also run through the API's own muxing path (`routes_videos.m
 piece handed to a thread as an event of the request's stream), with a generator that plays the
 runtime's part: the server's tail without the model.
 
-    python3 bench/encode_speed.py
+    python3 bench/encode_speed.py [--mp4-only] [--thread-counts]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import asyncio
 import importlib.util
 import io
 import os
+import sys
 import time
 
 import numpy as np
@@ -41,9 +42,17 @@ def median_ms(encode, num_runs: int = 5) -> tuple[float, int]:
 
 PIECE_INTERVAL_S = 0.045  # Wan 832x480x33's VAE decode: about 412 ms over 9 latent chunks
 THREAD_COUNTS = (1, 2, 4, 8, 0)  # 0: x264's automatic count (it follows the cores)
-# Other x264 settings at the served thread count: threads on slices of one frame instead of frames
-# in flight (no frame delay at the flush), with and without B-frames (each holds frames back).
-X264_VARIANTS = ("mbtree=0:sliced-threads=1", "mbtree=0:sliced-threads=1:bframes=0", "mbtree=0:bframes=0")
+# Other x264 settings at the served thread count. x264 holds back B-frames + frame threads - 1 +
+# sync-lookahead frames before it starts one, so at the flush those are all still to encode:
+# threads on slices of one frame instead of frames in flight, no separate lookahead thread's
+# buffer (sync-lookahead=0), fewer or no B-frames.
+X264_VARIANTS = (
+    "mbtree=0:sync-lookahead=0",
+    "mbtree=0:sliced-threads=1",
+    "mbtree=0:sliced-threads=1:sync-lookahead=0",
+    "mbtree=0:bframes=1",
+    "mbtree=0:bframes=0",
+)
 
 
 def streamed_tail_ms(clip: np.ndarray) -> float:
@@ -120,17 +129,36 @@ def drifting_clip() -> np.ndarray:
     return np.stack(frames).clip(0, 255).astype(np.uint8)
 
 
+def noisy_clip() -> np.ndarray:
+    """Like a random-weight model's decode: fine noise over every frame (x264 needs ~5 MB for it)."""
+    rng = np.random.default_rng(1)
+    base = rng.normal(128, 40, (480, 832, 3))
+    frames = [np.roll(base, t, axis=1) + rng.normal(0, 40, base.shape) for t in range(33)]
+    return np.stack(frames).clip(0, 255).astype(np.uint8)
+
+
 def main() -> None:
     print(f"host cores: {os.cpu_count()}")
+    if "--mp4-only" not in sys.argv:
+        encode_pngs()
+    if importlib.util.find_spec("av") is None:
+        print("mp4: skipped (PyAV is not installed here)")
+        return
+    if "--thread-counts" in sys.argv:
+        thread_counts(drifting_clip())
+    for name, clip in (("drifting", drifting_clip()), ("noisy", noisy_clip())):
+        x264_variants(name, clip)
+
+
+def encode_pngs() -> None:
     for name, image in images().items():
         for encoder_name, encode in (("pillow level 1", pillow_png), ("mstar png", encode_png)):
             ms, size_bytes = median_ms(lambda e=encode, i=image: e(i))
             print(f"png {name} 1024x1024, {encoder_name}: {ms:.1f} ms, {size_bytes / 1e6:.2f} MB")
-    if importlib.util.find_spec("av") is None:
-        print("mp4: skipped (PyAV is not installed here)")
-        return
-    clip = drifting_clip()
-    served_threads, served_params = media.MP4_ENCODE_THREADS, media.MP4_X264_PARAMS
+
+
+def thread_counts(clip: np.ndarray) -> None:
+    served_threads = media.MP4_ENCODE_THREADS
     for threads in THREAD_COUNTS:
         media.MP4_ENCODE_THREADS = threads
         served = " (served)" if threads == served_threads else ""
@@ -138,12 +166,20 @@ def main() -> None:
             f"mp4 832x480x33 (veryfast, mbtree off), x264 threads {threads or 'auto'}{served}: {mp4_figures(clip)}"
         )
     media.MP4_ENCODE_THREADS = served_threads
-    for params in X264_VARIANTS:
+
+
+def x264_variants(clip_name: str, clip: np.ndarray) -> None:
+    served_params = media.MP4_X264_PARAMS
+    threads = media.MP4_ENCODE_THREADS
+    for params in (served_params, *X264_VARIANTS):
         media.MP4_X264_PARAMS = params
-        print(f"mp4 832x480x33 (veryfast), x264 threads {served_threads}, {params}: {mp4_figures(clip)}")
+        served = " (served)" if params == served_params else ""
+        print(
+            f"mp4 {clip_name} 832x480x33 (veryfast, {threads} threads), {params}{served}: {mp4_figures(clip)}"
+        )
     media.MP4_X264_PARAMS = served_params
     tail_ms = median([api_path_tail_ms(clip) for _ in range(3)])
-    print(f"mp4 832x480x33, served settings, streamed through the API's mux_video: tail {tail_ms:.0f} ms")
+    print(f"mp4 {clip_name}, served settings, streamed through the API's mux_video: tail {tail_ms:.0f} ms")
 
 
 def mp4_figures(clip: np.ndarray) -> str:

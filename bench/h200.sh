@@ -432,7 +432,7 @@ for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_pe
       --wan-chunks 1 --num-timed 3 --num-profiled 1 -o "$out/vae-profile.json"
     xz -T0 "$out/vae-code.out" ;;
   encodes)  # carry .whl_pack: the API's PNG and MP4 encodes on this host (bench/encode_speed.py)
-    guarded encode-speed 150 python3 bench/encode_speed.py
+    guarded encode-speed 200 python3 bench/encode_speed.py ${ENCODE_ARGS:-}
     cat "$out/encode-speed.out" ;;
   gemm-sustained)  # nothing to carry: the Wan pair's GEMMs in bursts and back to back, clocks beside
     nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 250 > "$out/gpu-clocks.txt" &
