@@ -42,16 +42,15 @@ def median_ms(encode, num_runs: int = 5) -> tuple[float, int]:
 
 PIECE_INTERVAL_S = 0.045  # Wan 832x480x33's VAE decode: about 412 ms over 9 latent chunks
 THREAD_COUNTS = (1, 2, 4, 8, 0)  # 0: x264's automatic count (it follows the cores)
-# Other x264 settings at the served thread count. x264 holds back B-frames + frame threads - 1 +
-# sync-lookahead frames before it starts one, so at the flush those are all still to encode:
-# threads on slices of one frame instead of frames in flight, no separate lookahead thread's
-# buffer (sync-lookahead=0), fewer or no B-frames.
+# Other x264 settings, as (threads, thread type, x264-params). x264 holds back its B-frames (+ frame
+# threads - 1 + sync-lookahead with frame threads) before it starts a frame, so at the flush those
+# are all still to encode: more slices a frame, frame threads against the served slices, fewer or
+# no B-frames.
 X264_VARIANTS = (
-    "mbtree=0:sync-lookahead=0",
-    "mbtree=0:sliced-threads=1",
-    "mbtree=0:sliced-threads=1:sync-lookahead=0",
-    "mbtree=0:bframes=1",
-    "mbtree=0:bframes=0",
+    (16, "SLICE", "mbtree=0"),
+    (8, "FRAME", "mbtree=0"),
+    (8, "SLICE", "mbtree=0:bframes=1"),
+    (8, "SLICE", "mbtree=0:bframes=0"),
 )
 
 
@@ -169,15 +168,15 @@ def thread_counts(clip: np.ndarray) -> None:
 
 
 def x264_variants(clip_name: str, clip: np.ndarray) -> None:
-    served_params = media.MP4_X264_PARAMS
-    threads = media.MP4_ENCODE_THREADS
-    for params in (served_params, *X264_VARIANTS):
-        media.MP4_X264_PARAMS = params
-        served = " (served)" if params == served_params else ""
-        print(
-            f"mp4 {clip_name} 832x480x33 (veryfast, {threads} threads), {params}{served}: {mp4_figures(clip)}"
+    served = (media.MP4_ENCODE_THREADS, media.MP4_THREAD_TYPE, media.MP4_X264_PARAMS)
+    for variant in (served, *X264_VARIANTS):
+        media.MP4_ENCODE_THREADS, media.MP4_THREAD_TYPE, media.MP4_X264_PARAMS = variant
+        threads, thread_type, params = variant
+        label = f"{threads} {thread_type.lower()} threads, {params}" + (
+            " (served)" if variant == served else ""
         )
-    media.MP4_X264_PARAMS = served_params
+        print(f"mp4 {clip_name} 832x480x33 (veryfast), {label}: {mp4_figures(clip)}")
+    media.MP4_ENCODE_THREADS, media.MP4_THREAD_TYPE, media.MP4_X264_PARAMS = served
     tail_ms = median([api_path_tail_ms(clip) for _ in range(3)])
     print(f"mp4 {clip_name}, served settings, streamed through the API's mux_video: tail {tail_ms:.0f} ms")
 

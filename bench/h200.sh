@@ -79,7 +79,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -417,6 +417,11 @@ case "$phase" in
     grep -E "fast bf16|plain|passed|failed" "$out/gpu-tests.out"
     python3 -c "import json, sys; v = json.load(open(sys.argv[1]))['variants'][0]; print(v['median_ms'], v['by_kind_ms'])
 for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_per_step'], k['name'][:110])" "$out/vae-profile.json" ;;
+  call30)  # carry .whl_pack: x264's thread types and B-frames on this host (mp4 only); Wan 832x480x33
+    # at c=1 with the decode's residual sums pinned channels-last
+    guarded encode-speed 90 python3 bench/encode_speed.py --mp4-only
+    cat "$out/encode-speed.out"
+    wan_c1 6 20 ;;
   call29)  # carry .whl_pack: the Wan decode with its residual sums pinned channels-last: the GPU test
     # (compiled against plain), then the profile with inductor's generated code logged (xz)
     MSTAR_VAE_CHUNK_FRAMES=1 guarded gpu-tests 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider \

@@ -62,6 +62,9 @@ def encode_image(frame: Any, output_format: str = "png", quality: int | None = N
 # 8: on the H200's 16-core host a 832x480x33 clip took 174 ms whole (automatic: 170, 4: 232) and
 # 38 ms after its last chunk when muxed as the VAE decodes (4: 54); on 2 cores, 10% over automatic.
 MP4_ENCODE_THREADS = 8
+# x264's threads split each frame into slices (PyAV's default, fixed here because the bytes depend on
+# it): frame threads would hold `threads - 1` more frames back, each still to encode at the flush.
+MP4_THREAD_TYPE = "SLICE"
 # mbtree off: see Mp4Writer._open. A module constant so bench/encode_speed.py can time other settings.
 MP4_X264_PARAMS = "mbtree=0"
 
@@ -154,6 +157,7 @@ class Mp4Writer:
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
         stream.codec_context.thread_count = MP4_ENCODE_THREADS
+        stream.codec_context.thread_type = MP4_THREAD_TYPE
         # mbtree off: x264's macroblock-tree rate control read memory left by earlier encodes of
         # other sizes, so the same frames gave other bytes (a server's first video differed from its
         # repeats: 40.6 dB). Off, the bytes depend on the frames only; mbtree's usual gain in
