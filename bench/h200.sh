@@ -79,7 +79,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -417,6 +417,14 @@ case "$phase" in
     grep -E "fast bf16|plain|passed|failed" "$out/gpu-tests.out"
     python3 -c "import json, sys; v = json.load(open(sys.argv[1]))['variants'][0]; print(v['median_ms'], v['by_kind_ms'])
 for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_per_step'], k['name'][:110])" "$out/vae-profile.json" ;;
+  step-autotune)  # carry .whl_pack: Wan's guidance pair step, deterministic then max-autotune (inductor
+    # times its GEMM templates against cuBLAS and may fuse epilogues into them); each its own process
+    for mode in deterministic max-autotune; do
+      started=$(now_s)
+      guarded "step-$mode" 420 python3 -m mstar.cli bench step --workloads wan-480p-cfg --compile-modes "$mode" \
+        --attention-backends fa3 --skip-diffusers --num-warmup 2 --num-timed 10 -o "$out/step-$mode.json"
+      echo "$mode: $(($(now_s) - started)) s in all"; grep -E "wan-480p-cfg" "$out/step-$mode.out" | tail -3
+    done ;;
   call30)  # carry .whl_pack: x264's thread types and B-frames on this host (mp4 only); Wan 832x480x33
     # at c=1 with the decode's residual sums pinned channels-last
     guarded encode-speed 90 python3 bench/encode_speed.py --mp4-only
