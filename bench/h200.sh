@@ -420,10 +420,10 @@ for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_pe
   step-autotune)  # carry .whl_pack: Wan's guidance pair step, deterministic then max-autotune (inductor
     # times its GEMM templates against cuBLAS and may fuse epilogues into them); each its own process
     for mode in deterministic max-autotune; do
-      started=$(now_s)
+      started=$SECONDS
       guarded "step-$mode" 420 python3 -m mstar.cli bench step --workloads wan-480p-cfg --compile-modes "$mode" \
         --attention-backends fa3 --skip-diffusers --num-warmup 2 --num-timed 10 -o "$out/step-$mode.json"
-      echo "$mode: $(($(now_s) - started)) s in all"; grep -E "wan-480p-cfg" "$out/step-$mode.out" | tail -3
+      echo "$mode: $((SECONDS - started)) s in all"; grep -E "wan-480p-cfg" "$out/step-$mode.out" | tail -3
     done ;;
   call30)  # carry .whl_pack: x264's thread types and B-frames on this host (mp4 only); Wan 832x480x33
     # at c=1 with the decode's residual sums pinned channels-last
