@@ -70,6 +70,8 @@
 #  call27: carry .whl_pack; the threads using the host's CPU while a Wan request runs (OMP default, 4).
 #  call28/call29: carry .whl_pack; the Wan decode's GPU test and profile (call29: with the residual sums
 #          pinned channels-last in the graph, and inductor's code logged).
+#  call30: carry .whl_pack; x264's thread types and B-frames (mp4 only), then Wan 832x480x33 at c=1.
+#  step-autotune: carry .whl_pack; Wan's guidance pair step, deterministic against max-autotune.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
