@@ -15,7 +15,8 @@ import torch
 import mstar.engine.compile as engine_compile
 from mstar.diffusion.vae_decode import VaeDecodeRunner, convert_to_channels_last
 from mstar.models.wan22.vae import WanVAEDecoder
-from mstar.models.wan22.vae_blocks import AttentionBlock
+from mstar.models.wan22.vae_blocks import AttentionBlock, ResidualBlock, pin_frame_layout
+from mstar.models.wan22.vae_coders import ResidualUpBlock
 from tests.models.wan22.test_vae_decode import TINY_WAN22
 
 
@@ -184,9 +185,6 @@ def _count_pins(graph_module) -> int:
 def test_compiled_decode_pins_residual_sums_channels_last(decoder_bf16):
     """Each residual sum reaches inductor with its stride order fixed (inductor would lay the fresh
     sum out channels-first, and the shortcut conv and norms after it would follow); same frames."""
-    from mstar.models.wan22.vae_blocks import ResidualBlock
-    from mstar.models.wan22.vae_coders import ResidualUpBlock
-
     pins_per_graph = []
 
     def recording_backend(graph_module, example_inputs):
@@ -207,8 +205,6 @@ def test_compiled_decode_pins_residual_sums_channels_last(decoder_bf16):
 
 
 def test_pin_frame_layout_follows_like_and_leaves_eager_alone():
-    from mstar.models.wan22.vae_blocks import pin_frame_layout
-
     x = torch.randn(1, 8, 2, 3, 5)
     channels_last = x.contiguous(memory_format=torch.channels_last_3d)
     assert pin_frame_layout(x, like=channels_last) is x  # eager: nothing to do
