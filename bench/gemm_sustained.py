@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mstar.bench.step import time_forward
+
 NUM_TOKENS = 7020  # 832x480x33: 3,510 tokens a request, twice for guidance
 DIM, FFN_DIM, NUM_LAYERS = 3072, 14336, 30
 # (name, in_features, out_features) in a Wan block's order
@@ -25,21 +27,6 @@ LAYER_GEMMS = (
 )
 
 
-def burst_ms(fn, num_reps: int = 20) -> float:
-    """Median ms of num_reps calls, each timed alone with CUDA events."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(num_reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> None:
     torch.manual_seed(0)
     device, dtype = "cuda", torch.bfloat16
@@ -50,7 +37,10 @@ def main() -> None:
     def gemm(name: str, k: int) -> torch.Tensor:
         return F.linear(inputs[k], weights[name], biases[name])
 
-    burst = {name: burst_ms(lambda name=name, k=k: gemm(name, k)) for name, k, _ in LAYER_GEMMS}
+    def burst_ms(name: str, k: int) -> float:  # each call timed alone with CUDA events: the median of 20
+        return time_forward(lambda: gemm(name, k), num_warmup=3, num_timed=20, device=device)["median_ms"]
+
+    burst = {name: burst_ms(name, k) for name, k, _ in LAYER_GEMMS}
     step_burst_ms = NUM_LAYERS * sum(burst.values())
 
     def step() -> None:

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from mstar.bench.step import time_forward
 from mstar.diffusion.noise import seeded_noise
 from mstar.graph import RequestState
 from mstar.models.zimage.config import REAL
@@ -14,20 +15,6 @@ from mstar.models.zimage.nodes import FRAMES, VAEDecodeNode
 from mstar.models.zimage.weights import build_vae_decoder
 
 pytestmark = pytest.mark.gpu
-
-
-def median_cuda_ms(fn, num_timed: int = 10) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(num_timed):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[num_timed // 2]
 
 
 def test_warmup_compiles_1024_decode_that_matches_eager_and_is_faster():
@@ -50,8 +37,8 @@ def test_warmup_compiles_1024_decode_that_matches_eager_and_is_faster():
     assert frames.dtype == torch.uint8 and frames.shape == (1, 1024, 1024, 3) and frames.is_cuda
     assert node.num_recompiles() == 0
     with torch.inference_mode():
-        eager_ms = median_cuda_ms(lambda: vae.decode_frames(latents))
-        compiled_ms = median_cuda_ms(lambda: decode(latents))
+        eager_ms = time_forward(lambda: vae.decode_frames(latents), 2, 10, "cuda")["median_ms"]
+        compiled_ms = time_forward(lambda: decode(latents), 2, 10, "cuda")["median_ms"]
     print(
         f"\nzimage VAE 1024x1024: warmup {warmup_s:.1f} s, compiled vs eager {psnr_db:.1f} dB, "
         f"eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms"
