@@ -3,8 +3,9 @@
     python -m mstar.bench.vae_profile -o bench-results/vae_profile.json
 
 Real shapes, seeded random weights, bf16, on CUDA:
-- Z-Image 1024x1024 (one image): the served compiled decode (contiguous), and the same compiled
-  with channels-last weights and input, each also with its GroupNorms' statistics by pixel blocks;
+- Z-Image 1024x1024 (one image): the served compiled decode (contiguous, its GroupNorms'
+  statistics by pixel blocks), and the same with channels-last weights and input, each also with
+  F.group_norm;
 - Wan2.2 832x480x33 (one clip): the served fast path (channels_last_3d, compiled, one latent frame a
   chunk) and the same with 2 and 4 latent frames a chunk.
 Each variant: ms a decode (CUDA events, median), PSNR of its uint8 frames against the served
@@ -73,10 +74,10 @@ def _measure(label: str, fn, reference, num_timed: int, num_profiled: int) -> di
 
 
 ZIMAGE_VARIANTS = (  # (label, channels-last, GroupNorm statistics by pixel blocks); the first is served
-    ("zimage compiled (served)", False, False),
-    ("zimage compiled channels-last", True, False),
-    ("zimage compiled, norms by pixel blocks", False, True),
+    ("zimage compiled, norms by pixel blocks (served)", False, True),
     ("zimage compiled channels-last, norms by pixel blocks", True, True),
+    ("zimage compiled, F.group_norm", False, False),
+    ("zimage compiled channels-last, F.group_norm", True, False),
 )
 
 
