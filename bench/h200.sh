@@ -103,7 +103,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | call28 | encodes | vae-code | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | call28 | call29 | call30 | step-autotune | encodes | vae-code | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -259,6 +259,22 @@ zimage_c1() {  # zimage_c1 NUM_STEADY RESERVE_S: Z-Image 1024x1024 at c=1 only, 
     --num-steady "$1" --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}"
 }
 
+wan_vae_gpu_test() {  # the Wan decode's GPU test: the compiled fast path against the plain decode
+  MSTAR_VAE_CHUNK_FRAMES=1 guarded gpu-tests 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+    tests/models/wan22/test_vae_gpu.py
+  grep -E "fast bf16|plain|passed|failed" "$out/gpu-tests.out"
+}
+
+wan_vae_profile() {  # wan_vae_profile NAME LIMIT_S [VAE_PROFILE FLAG...]: the Wan decode's profile
+  # (one latent frame a chunk, as served), then its median and top kernels
+  local name=$1 limit=$2
+  shift 2
+  guarded "$name" "$limit" python3 -m mstar.bench.vae_profile --models wan --wan-chunks 1 "$@" \
+    -o "$out/vae-profile.json"
+  python3 -c "import json, sys; v = json.load(open(sys.argv[1]))['variants'][0]; print(v['median_ms'], v['by_kind_ms'])
+for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_per_step'], k['name'][:110])" "$out/vae-profile.json"
+}
+
 serve_phase() {  # serve_phase MODEL WORKLOAD COMPILE_SIZE CONCURRENCY NUM_REQUESTS [SERVER FLAG...]
   require "${SERVER_MODULES[@]}" av
   local model=$1 workload=$2 size=$3 concurrency=$4 num_requests=$5 log="$out/server-$2.log" started
@@ -412,13 +428,8 @@ case "$phase" in
     unset OMP_NUM_THREADS ;;
   call28)  # carry .whl_pack: the Wan decode's GPU test (the compiled fast path against the plain
     # decode), then its profile
-    MSTAR_VAE_CHUNK_FRAMES=1 guarded gpu-tests 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
-      tests/models/wan22/test_vae_gpu.py
-    guarded vae-profile 150 python3 -m mstar.bench.vae_profile --models wan --wan-chunks 1 \
-      -o "$out/vae-profile.json"
-    grep -E "fast bf16|plain|passed|failed" "$out/gpu-tests.out"
-    python3 -c "import json, sys; v = json.load(open(sys.argv[1]))['variants'][0]; print(v['median_ms'], v['by_kind_ms'])
-for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_per_step'], k['name'][:110])" "$out/vae-profile.json" ;;
+    wan_vae_gpu_test
+    wan_vae_profile vae-profile 150 ;;
   step-autotune)  # carry .whl_pack: Wan's guidance pair step, deterministic then max-autotune (inductor
     # times its GEMM templates against cuBLAS and may fuse epilogues into them); each its own process
     for mode in deterministic max-autotune; do
@@ -434,17 +445,11 @@ for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_pe
     wan_c1 6 20 ;;
   call29)  # carry .whl_pack: the Wan decode with its residual sums pinned channels-last: the GPU test
     # (compiled against plain), then the profile with inductor's generated code logged (xz)
-    MSTAR_VAE_CHUNK_FRAMES=1 guarded gpu-tests 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
-      tests/models/wan22/test_vae_gpu.py
-    grep -E "fast bf16|plain|passed|failed" "$out/gpu-tests.out"
-    TORCH_LOGS=output_code guarded vae-code 200 python3 -m mstar.bench.vae_profile --models wan \
-      --wan-chunks 1 --num-timed 5 --num-profiled 1 -o "$out/vae-profile.json"
-    python3 -c "import json, sys; v = json.load(open(sys.argv[1]))['variants'][0]; print(v['median_ms'], v['by_kind_ms'])
-for k in v['top_kernels'][:12]: print(round(k['ms_per_step'], 2), k['launches_per_step'], k['name'][:110])" "$out/vae-profile.json"
+    wan_vae_gpu_test
+    TORCH_LOGS=output_code wan_vae_profile vae-code 200 --num-timed 5 --num-profiled 1
     xz -T0 "$out/vae-code.out" ;;
   vae-code)  # carry .whl_pack: the Wan decode's profile with inductor's generated code logged (xz)
-    TORCH_LOGS=output_code guarded vae-code 200 python3 -m mstar.bench.vae_profile --models wan \
-      --wan-chunks 1 --num-timed 3 --num-profiled 1 -o "$out/vae-profile.json"
+    TORCH_LOGS=output_code wan_vae_profile vae-code 200 --num-timed 3 --num-profiled 1
     xz -T0 "$out/vae-code.out" ;;
   encodes)  # carry .whl_pack: the API's PNG and MP4 encodes on this host (bench/encode_speed.py)
     guarded encode-speed 200 python3 bench/encode_speed.py ${ENCODE_ARGS:-}
