@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -19,6 +21,17 @@ def build_client(spec=None, api_key=None, step_delay_s=0.0, max_active=64, **con
     app = create_app(config, spec, runtime, metrics=metrics)
     client = TestClient(app, raise_server_exceptions=False)
     return client, runtime
+
+
+def wait_for(client, video_id, statuses=("completed", "failed"), timeout_s=10.0):
+    """Poll a video job until its status is one of `statuses`; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/videos/{video_id}").json()
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.01)
+    raise AssertionError(f"video {video_id} stayed {job['status']}")
 
 
 @pytest.fixture

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.api.conftest import build_client
+from tests.api.conftest import build_client, wait_for
 
 KEY = "s3cret-key"
 IMAGE = {"prompt": "a 3", "num_inference_steps": 2}
@@ -108,10 +106,7 @@ def test_video_jobs_report_their_mp4_encode_and_when_it_was_ready(video_client):
     ready_sum = ("mstar:media_ready_seconds_sum", labels)
     before = scrape(client)
     job = client.post("/v1/videos", json={"prompt": "x", "num_frames": 5, "num_inference_steps": 2}).json()
-    for _ in range(500):
-        if client.get(f"/v1/videos/{job['id']}").json()["status"] == "completed":
-            break
-        time.sleep(0.01)
+    assert wait_for(client, job["id"])["status"] == "completed"
     after = scrape(client)
     assert after[encodes] - before.get(encodes, 0) == 1
     assert after[ready] - before.get(ready, 0) == 1

@@ -14,20 +14,10 @@ from mstar.api.routes_videos import (
     poll_after_ms,
 )
 from mstar.api.store import MAX_FINISH_TIME_SHAPES, JobStore, VideoJob
-from tests.api.conftest import build_client
+from tests.api.conftest import build_client, wait_for
 from tests.api.fakes import FakeVideoSpec, seeded_frames
 
 VIDEO = {"prompt": "a cat", "num_frames": 5, "num_inference_steps": 3, "size": "32x48", "seed": 7}
-
-
-def wait_for(client, video_id, statuses=("completed", "failed"), timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/videos/{video_id}").json()
-        if job["status"] in statuses:
-            return job
-        time.sleep(0.01)
-    raise AssertionError(f"video {video_id} stayed {job['status']}")
 
 
 def test_video_job_lifecycle(video_client):
