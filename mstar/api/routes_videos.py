@@ -8,6 +8,7 @@ clip's frames in pieces (Wan's VAE, chunk by chunk) has most of the clip encoded
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -32,7 +33,12 @@ router = APIRouter()
 MAX_POLL_AFTER_MS = 500
 MIN_POLL_AFTER_MS = 100  # while denoising, and decoding with no estimate of its end
 DUE_POLL_AFTER_MS = 50  # a job past its estimated end
-FINISH_MARGIN_MS = 10  # the decode and mux of one shape vary by a few ms from job to job
+# A status poll of a job whose steps are done (decoding and muxing) is answered when the job ends,
+# or after this long: the poll sees the end as it happens, not up to one poll interval later.
+MAX_POLL_HOLD_MS = 250
+# ... so a decoding job is told to come back this long before its estimated end: early costs nothing
+# (the poll is held), late costs the lateness.
+FINISH_LEAD_MS = 50
 DEFAULT_FPS = 16
 
 
@@ -86,12 +92,22 @@ def poll_after_ms(job: VideoJob, finish_after_steps_s: float | None = None, now:
 
 def _after_steps_ms(job: VideoJob, finish_after_steps_s: float | None, now: float) -> int:
     """Decoding and muxing. With the time the last job of its shape took from its last step to its MP4,
-    the hint is when this one should be ready, plus a margin (a poll just before the end costs a whole
-    wait more); once it is due, polls every 50 ms. Without that time, every 100 ms."""
+    the hint is a little before this one should be ready (its poll is held until the end); once it
+    is due, polls every 50 ms. Without that time, every 100 ms."""
     if finish_after_steps_s is None or job.steps_done_at is None:
         return MIN_POLL_AFTER_MS
-    left_ms = 1000 * (finish_after_steps_s - (now - job.steps_done_at)) + FINISH_MARGIN_MS
+    left_ms = 1000 * (finish_after_steps_s - (now - job.steps_done_at)) - FINISH_LEAD_MS
     return round(min(MAX_POLL_AFTER_MS, max(DUE_POLL_AFTER_MS, left_ms)))
+
+
+async def hold_until_ended(job: VideoJob) -> None:
+    """Wait up to MAX_POLL_HOLD_MS for a job whose steps are done to end (or be deleted). Its MP4 is
+    then at most a decode and a mux away, and a poll answered at the end saves the client up to one
+    poll interval (the official SDK's helper polls every 100 ms at best)."""
+    if job.status in FINISHED or job.steps_done_at is None:
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(job.ended.wait(), MAX_POLL_HOLD_MS / 1000)
 
 
 @dataclass
@@ -209,7 +225,8 @@ async def create_video(request: Request) -> JSONResponse:
 @router.get("/v1/videos/{video_id}")
 async def retrieve_video(video_id: str, request: Request) -> JSONResponse:
     jobs = server_state(request).jobs
-    job = jobs.get(video_id)
+    await hold_until_ended(jobs.get(video_id))
+    job = jobs.get(video_id)  # again: a job deleted while the poll was held is gone (404)
     if job.status in FINISHED:
         return JSONResponse(job.to_json())
     if locks_first_poll_hint(request):

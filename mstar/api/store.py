@@ -42,6 +42,8 @@ class VideoJob:
     error: dict[str, Any] | None = None
     content: bytes | None = None
     task: asyncio.Task | None = field(default=None, repr=False)
+    # Set once the job is finished or deleted: wakes the status polls held for its end.
+    ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
     def progress(self) -> int:
@@ -90,6 +92,7 @@ class JobStore:
         if status == "completed" and job.steps_done_at is not None:
             self._note_finish_time(job)
         self._cap_finished()
+        job.ended.set()
 
     def _note_finish_time(self, job: VideoJob) -> None:
         shape = (job.size, job.seconds)
@@ -112,6 +115,7 @@ class JobStore:
     def remove(self, job_id: str) -> VideoJob:
         job = self.get(job_id)
         del self._jobs[job_id]
+        job.ended.set()
         return job
 
     def list(self, after: str | None, limit: int, order: str) -> tuple[list[VideoJob], bool]:

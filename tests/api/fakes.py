@@ -145,6 +145,7 @@ class FakeHandle:
                 if runtime.metrics is not None:
                     runtime.metrics.observe_step("dit", 1, 64, runtime.step_delay_s)
                 yield Progress(step, total)
+            await asyncio.sleep(runtime.decode_delay_s)
             if runtime.fail_kind is not None:
                 outcome = "failed"
                 yield Failed("secret internal detail: CUDA exploded at 0xdeadbeef", runtime.fail_kind)
@@ -169,6 +170,7 @@ class FakeRuntime:
         self.max_active = max_active
         self.fail_kind: str | None = None
         self.piece_frames = 0  # > 0: send streamed frames in pieces of this many
+        self.decode_delay_s = 0.0  # from the last step's progress to the frames (a VAE decode)
         self.ready_flag = True
         self.active: dict[str, FakeHandle] = {}
         self.submitted: list[tuple[dict[str, Any], dict[str, Any] | None]] = []

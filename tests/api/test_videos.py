@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import pytest
@@ -9,7 +10,9 @@ import pytest
 from mstar.api.media import Mp4Writer, decode_mp4, encode_mp4
 from mstar.api.routes_videos import (
     DUE_POLL_AFTER_MS,
+    FINISH_LEAD_MS,
     MAX_POLL_AFTER_MS,
+    MAX_POLL_HOLD_MS,
     MIN_POLL_AFTER_MS,
     poll_after_ms,
 )
@@ -70,15 +73,62 @@ def test_poll_hint_shrinks_as_the_job_nears_its_end():
 
 def test_poll_hint_after_the_steps_points_at_the_estimated_end():
     """The last job of the shape took 0.45 s from its last step to its MP4: a decoding job is told to
-    come back then (plus a margin), and every 50 ms once it is due."""
+    come back a little before then (its poll is held until the end), and every 50 ms once due."""
     job = VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
     job.num_steps = job.num_steps_done = 50
     job.steps_done_at = 20.0
-    assert poll_after_ms(job, 0.45, now=20.0) == 460
-    assert poll_after_ms(job, 0.45, now=20.3) == 160
+    assert poll_after_ms(job, 0.45, now=20.0) == 450 - FINISH_LEAD_MS
+    assert poll_after_ms(job, 0.45, now=20.3) == 150 - FINISH_LEAD_MS
     assert poll_after_ms(job, 0.45, now=20.43) == DUE_POLL_AFTER_MS
     assert poll_after_ms(job, 0.45, now=21.0) == DUE_POLL_AFTER_MS  # late
     assert poll_after_ms(job, 2.0, now=20.0) == MAX_POLL_AFTER_MS
+
+
+def _steps_done_poll(client, video_id):
+    """Poll until the job's steps are done (or it ended); returns that poll's JSON and seconds."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        job = client.get(f"/v1/videos/{video_id}").json()
+        if job["progress"] >= 99:
+            return job, time.monotonic() - started
+        time.sleep(0.002)
+    raise AssertionError(f"video {video_id} never finished its steps")
+
+
+def test_a_poll_after_the_steps_is_answered_at_the_end(video_client):
+    """A poll that comes while the job decodes is held and answered completed as the MP4 is ready:
+    an in-progress answer with every step done would mean the poll was not held."""
+    client, runtime = video_client
+    runtime.decode_delay_s = 0.1
+    for _ in range(3):
+        job = client.post("/v1/videos", json=VIDEO).json()
+        done, _ = _steps_done_poll(client, job["id"])
+        assert done["status"] == "completed" and done["progress"] == 100
+
+
+def test_a_held_poll_is_answered_in_progress_after_its_limit(video_client):
+    client, runtime = video_client
+    runtime.decode_delay_s = 1.5
+    job = client.post("/v1/videos", json=VIDEO).json()
+    running, held_s = _steps_done_poll(client, job["id"])
+    assert running["status"] == "in_progress" and running["progress"] == 99
+    assert MAX_POLL_HOLD_MS / 1000 - 0.02 <= held_s < 1.2
+    assert wait_for(client, job["id"])["status"] == "completed"
+
+
+def test_a_held_poll_of_a_deleted_job_answers_404(video_client):
+    client, runtime = video_client
+    runtime.decode_delay_s = 1.5
+    job = client.post("/v1/videos", json=VIDEO).json()
+    _steps_done_poll(client, job["id"])  # held to its limit: the steps are done
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(client.get, f"/v1/videos/{job['id']}")
+        time.sleep(0.05)
+        started = time.monotonic()
+        assert client.delete(f"/v1/videos/{job['id']}").status_code == 200
+        assert held.result(timeout=5).status_code == 404
+        assert time.monotonic() - started < MAX_POLL_HOLD_MS / 1000
 
 
 def test_job_store_keeps_the_last_finish_time_after_the_steps_per_shape():
