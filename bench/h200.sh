@@ -72,6 +72,8 @@
 #          pinned channels-last in the graph, and inductor's code logged).
 #  call30: carry .whl_pack; x264's thread types and B-frames (mp4 only), then Wan 832x480x33 at c=1.
 #  step-autotune: carry .whl_pack; Wan's guidance pair step, deterministic against max-autotune.
+#  call31: carry .whl_pack; Wan 832x480x33 at c=1 with status polls held to the job's end, polled
+#          every 50 ms, then following the server's hint.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
@@ -81,7 +83,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -103,7 +105,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | call28 | call29 | call30 | step-autotune | encodes | vae-code | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | call28 | call29 | call30 | call31 | step-autotune | encodes | vae-code | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -400,6 +402,17 @@ case "$phase" in
       echo "serve following the hint: exit $? at ${SECONDS}s"
     fi
     stop_server ;;
+  call31)  # carry .whl_pack: Wan 832x480x33 at c=1 with status polls held until the job ends: polled
+    # every 50 ms (the suite), then following the server's hint; each video's timeline from the log
+    KEEP_SERVER=1 wan_c1 8 60
+    if [ -n "$server_pid" ] && [ "$(left_s)" -gt 45 ]; then
+      timeout -k 5 $(($(left_s) - 15)) python3 -m mstar.cli bench serve --base-url http://127.0.0.1:8765 \
+        --workload wan-480p-t2v --model wan2.2-ti2v-5b --concurrency 1 --num-requests 4 --num-warmup 0 \
+        --poll-interval 0 -o "$out/serve-wan-hint.json" > "$out/serve-wan-hint.out" 2>&1
+      echo "serve following the hint: exit $? at ${SECONDS}s"
+    fi
+    stop_server
+    grep -h "ms after arrival" "$out/server-wan-480p-t2v.log" | tee "$out/video-timelines.txt" ;;
   call26)  # carry .whl_pack: Wan 832x480x33 at c=1; each video's end from the server's log (the
     # runtime's outputs, the last frames written to the encoder, the MP4)
     wan_c1 6 20
