@@ -33,9 +33,11 @@ router = APIRouter()
 MAX_POLL_AFTER_MS = 500
 MIN_POLL_AFTER_MS = 100  # while denoising, and decoding with no estimate of its end
 DUE_POLL_AFTER_MS = 50  # a job past its estimated end
-# A status poll of a job whose steps are done (decoding and muxing) is answered when the job ends,
-# or after this long: the poll sees the end as it happens, not up to one poll interval later.
+# A status poll of a job whose steps are done (decoding and muxing) and whose estimated end is at
+# most HOLD_WITHIN_MS off is answered when the job ends, or after MAX_POLL_HOLD_MS: the poll sees the
+# end as it happens, not up to one poll interval later. The 50 ms between them absorb a late end.
 MAX_POLL_HOLD_MS = 250
+HOLD_WITHIN_MS = 200
 # ... so a decoding job is told to come back this long before its estimated end: early costs nothing
 # (the poll is held), late costs the lateness.
 FINISH_LEAD_MS = 50
@@ -100,14 +102,26 @@ def _after_steps_ms(job: VideoJob, finish_after_steps_s: float | None, now: floa
     return round(min(MAX_POLL_AFTER_MS, max(DUE_POLL_AFTER_MS, left_ms)))
 
 
-async def hold_until_ended(job: VideoJob) -> None:
-    """Wait up to MAX_POLL_HOLD_MS for a job whose steps are done to end (or be deleted). Its MP4 is
-    then at most a decode and a mux away, and a poll answered at the end saves the client up to one
-    poll interval (the official SDK's helper polls every 100 ms at best)."""
+def poll_hold_s(job: VideoJob, finish_after_steps_s: float | None, now: float) -> float:
+    """How long a status poll waits for the job to end (or be deleted): MAX_POLL_HOLD_MS once its
+    steps are done and its estimated end is at most HOLD_WITHIN_MS off (or past, or unknown), else 0.
+    A poll answered at the end saves the client up to one poll interval (the official SDK's helper
+    polls every 100 ms at best). Polls further from the end are answered at once: held ones would
+    come back in step with the hold, and one that timed out just before the end would leave the
+    client a whole poll interval behind it."""
     if job.status in FINISHED or job.steps_done_at is None:
-        return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(job.ended.wait(), MAX_POLL_HOLD_MS / 1000)
+        return 0.0
+    if finish_after_steps_s is not None:
+        left_s = finish_after_steps_s - (now - job.steps_done_at)
+        if left_s > HOLD_WITHIN_MS / 1000:
+            return 0.0
+    return MAX_POLL_HOLD_MS / 1000
+
+
+async def hold_until_ended(job: VideoJob, hold_s: float) -> None:
+    if hold_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(job.ended.wait(), hold_s)
 
 
 @dataclass
@@ -225,8 +239,11 @@ async def create_video(request: Request) -> JSONResponse:
 @router.get("/v1/videos/{video_id}")
 async def retrieve_video(video_id: str, request: Request) -> JSONResponse:
     jobs = server_state(request).jobs
-    await hold_until_ended(jobs.get(video_id))
-    job = jobs.get(video_id)  # again: a job deleted while the poll was held is gone (404)
+    job = jobs.get(video_id)
+    hold_s = poll_hold_s(job, jobs.finish_after_steps_s(job), time.monotonic())
+    if hold_s > 0:
+        await hold_until_ended(job, hold_s)
+        job = jobs.get(video_id)  # again: a job deleted while the poll was held is gone (404)
     if job.status in FINISHED:
         return JSONResponse(job.to_json())
     if locks_first_poll_hint(request):

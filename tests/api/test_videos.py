@@ -15,6 +15,7 @@ from mstar.api.routes_videos import (
     MAX_POLL_HOLD_MS,
     MIN_POLL_AFTER_MS,
     poll_after_ms,
+    poll_hold_s,
 )
 from mstar.api.store import MAX_FINISH_TIME_SHAPES, JobStore, VideoJob
 from tests.api.conftest import build_client, wait_for
@@ -82,6 +83,23 @@ def test_poll_hint_after_the_steps_points_at_the_estimated_end():
     assert poll_after_ms(job, 0.45, now=20.43) == DUE_POLL_AFTER_MS
     assert poll_after_ms(job, 0.45, now=21.0) == DUE_POLL_AFTER_MS  # late
     assert poll_after_ms(job, 2.0, now=20.0) == MAX_POLL_AFTER_MS
+
+
+def test_a_poll_is_held_only_near_the_estimated_end():
+    """The last job of the shape took 0.45 s from its last step to its MP4: a poll is held once the
+    end is at most 200 ms off (or past, or when no job of the shape has ended yet)."""
+    job = VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
+    job.num_steps, job.num_steps_done = 50, 49
+    assert poll_hold_s(job, 0.45, now=20.0) == 0.0  # still denoising
+    job.num_steps_done, job.steps_done_at = 50, 20.0
+    hold_s = MAX_POLL_HOLD_MS / 1000
+    assert poll_hold_s(job, 0.45, now=20.0) == 0.0  # 450 ms off: answered at once
+    assert poll_hold_s(job, 0.45, now=20.24) == 0.0
+    assert poll_hold_s(job, 0.45, now=20.26) == hold_s
+    assert poll_hold_s(job, 0.45, now=21.0) == hold_s  # late
+    assert poll_hold_s(job, None, now=20.0) == hold_s  # no estimate
+    job.status = "completed"
+    assert poll_hold_s(job, 0.45, now=20.3) == 0.0
 
 
 def _steps_done_poll(client, video_id):
