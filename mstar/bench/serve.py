@@ -68,6 +68,7 @@ class RequestRecord:
     ok: bool = False
     error: str | None = None  # "http_429", "timeout", "connection", "job_failed", ...
     first_progress_s: float | None = None  # seconds from send to first progress > 0
+    ended_seen_s: float | None = None  # videos: seconds from send to the poll that saw the job end
     output_bytes: int = 0
     size: str | None = None
     media_sha256: str | None = None  # of the image (decoded from base64) or the MP4
@@ -149,6 +150,7 @@ async def _send_video(client: Any, options: ServeOptions, record: RequestRecord)
         job = response.json()
         if record.first_progress_s is None and (job.get("progress") or 0) > 0:
             record.first_progress_s = time.perf_counter() - record.start_s
+    record.ended_seen_s = time.perf_counter() - record.start_s  # the rest is the download
     if job["status"] != "completed":
         raise RequestError("job_failed" if job["status"] == "failed" else "job_cancelled")
     response = await client.get(f"/v1/videos/{video_id}/content")

@@ -85,6 +85,8 @@ def test_videos_poll_progress_and_count_failed_jobs():
     assert run["videos_per_minute"] > 0
     completed = [r for r in run["requests"] if r["ok"]]
     assert all(r["output_bytes"] == 400 for r in completed)
+    # the job's end is seen by a poll after its 0.4 s and before the download ends
+    assert all(0.4 <= r["ended_seen_s"] <= r["latency_s"] for r in completed)
 
 
 def test_a_poll_interval_left_out_follows_the_servers_hint():
