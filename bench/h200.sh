@@ -256,6 +256,15 @@ wan_c1() {  # wan_c1 NUM_STEADY RESERVE_S: Wan 832x480x33 at c=1 only, its one s
     --num-steady "$1" --num-high 0 --num-mixed 0 --poll-interval 0.05 -- "${gpu_flags[@]}"
 }
 
+wan_c1_following_hint() {  # after `KEEP_SERVER=1 wan_c1`: 4 more Wan requests at c=1 on that server,
+  # each polled when the server's openai-poll-after-ms hint says (as mstar.client polls)
+  [ -n "$server_pid" ] && [ "$(left_s)" -gt 45 ] || return 0
+  timeout -k 5 $(($(left_s) - 15)) python3 -m mstar.cli bench serve --base-url http://127.0.0.1:8765 \
+    --workload wan-480p-t2v --model wan2.2-ti2v-5b --concurrency 1 --num-requests 4 --num-warmup 0 \
+    --poll-interval 0 -o "$out/serve-wan-hint.json" > "$out/serve-wan-hint.out" 2>&1
+  echo "serve following the hint: exit $? at ${SECONDS}s"
+}
+
 zimage_c1() {  # zimage_c1 NUM_STEADY RESERVE_S: Z-Image 1024x1024 at c=1 only, its one size compiled
   suite_phase z-image-turbo zimage-1024 '["1024x1024"]' "$2" \
     --num-steady "$1" --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}"
@@ -395,22 +404,12 @@ case "$phase" in
     # polled every 50 ms (the suite, with the media-ready stage), then following the server's poll hint
     guarded encode-speed 90 python3 bench/encode_speed.py
     KEEP_SERVER=1 wan_c1 5 60
-    if [ -n "$server_pid" ] && [ "$(left_s)" -gt 45 ]; then
-      timeout -k 5 $(($(left_s) - 15)) python3 -m mstar.cli bench serve --base-url http://127.0.0.1:8765 \
-        --workload wan-480p-t2v --model wan2.2-ti2v-5b --concurrency 1 --num-requests 4 --num-warmup 0 \
-        --poll-interval 0 -o "$out/serve-wan-hint.json" > "$out/serve-wan-hint.out" 2>&1
-      echo "serve following the hint: exit $? at ${SECONDS}s"
-    fi
+    wan_c1_following_hint
     stop_server ;;
   call31)  # carry .whl_pack: Wan 832x480x33 at c=1 with status polls held until the job ends: polled
     # every 50 ms (the suite), then following the server's hint; each video's timeline from the log
     KEEP_SERVER=1 wan_c1 8 60
-    if [ -n "$server_pid" ] && [ "$(left_s)" -gt 45 ]; then
-      timeout -k 5 $(($(left_s) - 15)) python3 -m mstar.cli bench serve --base-url http://127.0.0.1:8765 \
-        --workload wan-480p-t2v --model wan2.2-ti2v-5b --concurrency 1 --num-requests 4 --num-warmup 0 \
-        --poll-interval 0 -o "$out/serve-wan-hint.json" > "$out/serve-wan-hint.out" 2>&1
-      echo "serve following the hint: exit $? at ${SECONDS}s"
-    fi
+    wan_c1_following_hint
     stop_server
     grep -h "ms after arrival" "$out/server-wan-480p-t2v.log" | tee "$out/video-timelines.txt" ;;
   call26)  # carry .whl_pack: Wan 832x480x33 at c=1; each video's end from the server's log (the
