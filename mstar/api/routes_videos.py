@@ -96,10 +96,19 @@ def _after_steps_ms(job: VideoJob, finish_after_steps_s: float | None, now: floa
     """Decoding and muxing. With the time the last job of its shape took from its last step to its MP4,
     the hint is a little before this one should be ready (its poll is held until the end); once it
     is due, polls every 50 ms. Without that time, every 100 ms."""
-    if finish_after_steps_s is None or job.steps_done_at is None:
+    left_s = _left_after_steps_s(job, finish_after_steps_s, now)
+    if left_s is None:
         return MIN_POLL_AFTER_MS
-    left_ms = 1000 * (finish_after_steps_s - (now - job.steps_done_at)) - FINISH_LEAD_MS
+    left_ms = 1000 * left_s - FINISH_LEAD_MS
     return round(min(MAX_POLL_AFTER_MS, max(DUE_POLL_AFTER_MS, left_ms)))
+
+
+def _left_after_steps_s(job: VideoJob, finish_after_steps_s: float | None, now: float) -> float | None:
+    """Seconds to the estimated end of a job whose steps are done (negative once late), from the time
+    the last job of its shape took from its last step to its MP4; None without either time."""
+    if finish_after_steps_s is None or job.steps_done_at is None:
+        return None
+    return finish_after_steps_s - (now - job.steps_done_at)
 
 
 def poll_hold_s(job: VideoJob, finish_after_steps_s: float | None, now: float) -> float:
@@ -111,17 +120,15 @@ def poll_hold_s(job: VideoJob, finish_after_steps_s: float | None, now: float) -
     client a whole poll interval behind it."""
     if job.status in FINISHED or job.steps_done_at is None:
         return 0.0
-    if finish_after_steps_s is not None:
-        left_s = finish_after_steps_s - (now - job.steps_done_at)
-        if left_s > HOLD_WITHIN_MS / 1000:
-            return 0.0
+    left_s = _left_after_steps_s(job, finish_after_steps_s, now)
+    if left_s is not None and left_s > HOLD_WITHIN_MS / 1000:
+        return 0.0
     return MAX_POLL_HOLD_MS / 1000
 
 
 async def hold_until_ended(job: VideoJob, hold_s: float) -> None:
-    if hold_s > 0:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(job.ended.wait(), hold_s)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(job.ended.wait(), hold_s)
 
 
 @dataclass
@@ -249,7 +256,7 @@ async def retrieve_video(video_id: str, request: Request) -> JSONResponse:
     if locks_first_poll_hint(request):
         hint_ms = MIN_POLL_AFTER_MS
     else:
-        hint_ms = poll_after_ms(job, jobs.finish_after_steps_s(job))
+        hint_ms = poll_after_ms(job, jobs.finish_after_steps_s(job))  # read again: a held poll waited
     return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(hint_ms)})
 
 
