@@ -74,6 +74,8 @@
 #  step-autotune: carry .whl_pack; Wan's guidance pair step, deterministic against max-autotune.
 #  call31: carry .whl_pack; Wan 832x480x33 at c=1 with status polls held to the job's end, polled
 #          every 50 ms, then following the server's hint.
+#  batch-scaling: carry .whl_pack; our DiT step alone and packed (Wan 1 and 4 guidance pairs, Z-Image 1,
+#          4 and 8 images), with the SM clock and power beside it: what packing gains a request.
 #  call3: carry .whl_pack; the encodes (PNG, MP4), Z-Image's profile with inductor's code, its suite.
 # Phases that later ones replaced (kernels, call5, call6, call8, call11, call12, call13) are in the git
 # history; each run in docs/benchmarks.md names the commit it ran.
@@ -83,7 +85,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|batch-scaling|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -105,7 +107,7 @@ mkdir -p "$out"
 case "$phase" in
   call1 | serve-zimage-suite | serve-zimage-eager | diag-text) wheel_dirs=(.whl_fa3 .whl_srv .whl_otel) ;;
   profile) wheel_dirs=(.whl_fa3) ;;
-  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | call28 | call29 | call30 | call31 | step-autotune | encodes | vae-code | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
+  call2 | call3 | call4 | call7 | call9 | call10 | call14 | call15 | call16 | call17 | call18 | call19 | call20 | call21 | call22 | call23 | call24 | call25 | call26 | call27 | call28 | call29 | call30 | call31 | batch-scaling | step-autotune | encodes | vae-code | confirm | probe-repeat | serve-wan-offload)  # a fresh machine: carry .whl_pack (`bash bench/h200.sh pack .whl_av .whl_fa3 .whl_srv .whl_otel`)
     wheel_dirs=() ;;
   *) read -r -a wheel_dirs <<< "${WHEEL_DIRS:-.whl}" ;;  # e.g. WHEEL_DIRS=".whl_fa3 .whl_srv"
 esac
@@ -466,6 +468,15 @@ case "$phase" in
   encodes)  # carry .whl_pack: the API's PNG and MP4 encodes on this host (bench/encode_speed.py)
     guarded encode-speed 200 python3 bench/encode_speed.py ${ENCODE_ARGS:-}
     cat "$out/encode-speed.out" ;;
+  batch-scaling)  # carry .whl_pack: our DiT step alone and packed (deterministic, fa3), clocks beside it:
+    # the per-request step time at c=N against c=1 bounds the c=N / c=1 throughput of the server
+    nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 250 > "$out/gpu-clocks.txt" &
+    smi=$!
+    our_step wan-scaling wan-480p-cfg,wan-480p-c4 300
+    our_step zimage-scaling zimage-1024-b1,zimage-1024-c4,zimage-1024-c8 200
+    kill "$smi"
+    grep -hE "^\| (wan|zimage)-" "$out"/step-*-scaling.out | head -20
+    awk -F, '{print $1, $2}' "$out/gpu-clocks.txt" | uniq -c | tail -30 ;;
   gemm-sustained)  # nothing to carry: the Wan pair's GEMMs in bursts and back to back, clocks beside
     nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 250 > "$out/gpu-clocks.txt" &
     smi=$!

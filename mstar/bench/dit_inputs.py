@@ -31,6 +31,7 @@ STEP_WORKLOADS: dict[str, StepWorkload] = {
         StepWorkload("wan-720p-b1", "wan", 1280, 704, 121, 1),
         StepWorkload("zimage-1024-b1", "zimage", 1024, 1024, 1, 1),
         StepWorkload("zimage-1024-c4", "zimage", 1024, 1024, 1, 4),
+        StepWorkload("zimage-1024-c8", "zimage", 1024, 1024, 1, 8),  # the c=8 serving target's pack
         StepWorkload("zimage-512-b1", "zimage", 512, 512, 1, 1),  # where host time may bound a step
         # CPU-sized twins for tests (used with the tiny configs)
         StepWorkload("tiny-wan-cfg", "wan", 64, 64, 5, 2),
