@@ -174,6 +174,13 @@ guarded() {  # guarded NAME LIMIT_S COMMAND...: under the call's deadline, outpu
   echo "$name: exit $? at ${SECONDS}s"
 }
 
+# The SM clock, power and temperature every 250 ms into $out/gpu-clocks.txt, while a phase runs.
+sample_gpu_clocks() {
+  nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 250 > "$out/gpu-clocks.txt" &
+  gpu_clocks_pid=$!
+}
+stop_gpu_clocks() { kill "$gpu_clocks_pid"; }
+
 ready() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
 
 server_pid=""
@@ -470,18 +477,16 @@ case "$phase" in
     cat "$out/encode-speed.out" ;;
   batch-scaling)  # carry .whl_pack: our DiT step alone and packed (deterministic, fa3), clocks beside it:
     # the per-request step time at c=N against c=1 bounds the c=N / c=1 throughput of the server
-    nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 250 > "$out/gpu-clocks.txt" &
-    smi=$!
+    sample_gpu_clocks
     our_step wan-scaling wan-480p-cfg,wan-480p-c4 300
     our_step zimage-scaling zimage-1024-b1,zimage-1024-c4,zimage-1024-c8 200
-    kill "$smi"
+    stop_gpu_clocks
     grep -hE "^\| (wan|zimage)-" "$out"/step-*-scaling.out | head -20
     awk -F, '{print $1, $2}' "$out/gpu-clocks.txt" | uniq -c | tail -30 ;;
   gemm-sustained)  # nothing to carry: the Wan pair's GEMMs in bursts and back to back, clocks beside
-    nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 250 > "$out/gpu-clocks.txt" &
-    smi=$!
+    sample_gpu_clocks
     guarded gemm-sustained 120 python3 bench/gemm_sustained.py
-    kill "$smi"
+    stop_gpu_clocks
     cat "$out/gemm-sustained.out"; awk -F, '{print $1, $2}' "$out/gpu-clocks.txt" | uniq -c | tail -40 ;;
   call4)  # carry .whl_pack: the Wan serving profile (cold boot), then Wan with offload_text_encoder
     # on the same machine (a warm compile cache): peak memory resident and offloaded
