@@ -56,8 +56,13 @@ def test_progress_moves_and_poll_header(video_client):
     assert "openai-poll-after-ms" not in client.get(f"/v1/videos/{job['id']}").headers
 
 
+def bare_job() -> VideoJob:
+    """A job outside any store, for the poll hint and hold rules."""
+    return VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
+
+
 def test_poll_hint_shrinks_as_the_job_nears_its_end():
-    job = VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
+    job = bare_job()
     assert poll_after_ms(job) == MAX_POLL_AFTER_MS  # queued: no pace yet
     job.num_steps, job.num_steps_done, job.first_step_at, job.last_step_at = 50, 1, 10.0, 10.0
     assert poll_after_ms(job) == MAX_POLL_AFTER_MS  # one step: still no pace
@@ -75,7 +80,7 @@ def test_poll_hint_shrinks_as_the_job_nears_its_end():
 def test_poll_hint_after_the_steps_points_at_the_estimated_end():
     """The last job of the shape took 0.45 s from its last step to its MP4: a decoding job is told to
     come back a little before then (its poll is held until the end), and every 50 ms once due."""
-    job = VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
+    job = bare_job()
     job.num_steps = job.num_steps_done = 50
     job.steps_done_at = 20.0
     assert poll_after_ms(job, 0.45, now=20.0) == 450 - FINISH_LEAD_MS
@@ -88,7 +93,7 @@ def test_poll_hint_after_the_steps_points_at_the_estimated_end():
 def test_a_poll_is_held_only_near_the_estimated_end():
     """The last job of the shape took 0.45 s from its last step to its MP4: a poll is held once the
     end is at most 200 ms off (or past, or when no job of the shape has ended yet)."""
-    job = VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
+    job = bare_job()
     job.num_steps, job.num_steps_done = 50, 49
     assert poll_hold_s(job, 0.45, now=20.0) == 0.0  # still denoising
     job.num_steps_done, job.steps_done_at = 50, 20.0

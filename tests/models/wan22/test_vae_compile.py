@@ -178,21 +178,23 @@ def test_verify_fast_path_falls_back_from_a_miscompile(decoder_bf16, clip_latent
     assert torch.equal(runner.decode_fast_uint8(latents), runner.decode_plain_uint8(latents))
 
 
-def _count_pins(graph_module) -> int:
-    return sum("inductor_force_stride_order" in str(node.target) for node in graph_module.graph.nodes)
+def pin_counting_backend(pins_per_graph: list[int]):
+    """A compile backend that runs each graph as traced and records how many layout pins it holds."""
+
+    def backend(graph_module, example_inputs):
+        nodes = graph_module.graph.nodes
+        pins_per_graph.append(sum("inductor_force_stride_order" in str(node.target) for node in nodes))
+        return graph_module.forward
+
+    return backend
 
 
 def test_compiled_decode_pins_residual_sums_channels_last(decoder_bf16):
     """Each residual sum reaches inductor with its stride order fixed (inductor would lay the fresh
     sum out channels-first, and the shortcut conv and norms after it would follow); same frames."""
     pins_per_graph = []
-
-    def recording_backend(graph_module, example_inputs):
-        pins_per_graph.append(_count_pins(graph_module))
-        return graph_module.forward
-
     runner = VaeDecodeRunner(
-        copy.deepcopy(decoder_bf16), channels_last=True, compile_backend=recording_backend
+        copy.deepcopy(decoder_bf16), channels_last=True, compile_backend=pin_counting_backend(pins_per_graph)
     )
     torch._dynamo.reset()
     latents = torch.randn(1, 4, 2, 2, 3)
@@ -209,14 +211,11 @@ def test_pin_frame_layout_follows_like_and_leaves_eager_alone():
     channels_last = x.contiguous(memory_format=torch.channels_last_3d)
     assert pin_frame_layout(x, like=channels_last) is x  # eager: nothing to do
     pins = []
-
-    def recording_backend(graph_module, example_inputs):
-        pins.append(_count_pins(graph_module))
-        return graph_module.forward
-
     for like in (channels_last, x):
         torch._dynamo.reset()
-        compiled = torch.compile(lambda a, b: pin_frame_layout(a + 1, like=b), backend=recording_backend)
+        compiled = torch.compile(
+            lambda a, b: pin_frame_layout(a + 1, like=b), backend=pin_counting_backend(pins)
+        )
         out = compiled(x, like)
         assert torch.equal(out, x + 1)
         assert out.is_contiguous(memory_format=torch.channels_last_3d) == (like is channels_last)
