@@ -279,6 +279,10 @@ zimage_c1() {  # zimage_c1 NUM_STEADY RESERVE_S: Z-Image 1024x1024 at c=1 only, 
     --num-steady "$1" --num-high 0 --num-mixed 0 -- "${gpu_flags[@]}"
 }
 
+wan_video_timelines() {  # each Wan video's end, from the server's log (ms after arrival), kept and shown
+  grep -h "ms after arrival" "$out/server-wan-480p-t2v.log" | tee "$out/video-timelines.txt"
+}
+
 wan_vae_gpu_test() {  # the Wan decode's GPU test: the compiled fast path against the plain decode
   MSTAR_VAE_CHUNK_FRAMES=1 guarded gpu-tests 150 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
     tests/models/wan22/test_vae_gpu.py
@@ -420,11 +424,11 @@ case "$phase" in
     KEEP_SERVER=1 wan_c1 8 60
     wan_c1_following_hint
     stop_server
-    grep -h "ms after arrival" "$out/server-wan-480p-t2v.log" | tee "$out/video-timelines.txt" ;;
+    wan_video_timelines ;;
   call26)  # carry .whl_pack: Wan 832x480x33 at c=1; each video's end from the server's log (the
     # runtime's outputs, the last frames written to the encoder, the MP4)
     wan_c1 6 20
-    grep -h "ms after arrival" "$out/server-wan-480p-t2v.log" | tee "$out/video-timelines.txt" ;;
+    wan_video_timelines ;;
   call27)  # carry .whl_pack: which threads use the host's CPU while a Wan 832x480x33 request runs at
     # c=1 (bench/thread_cpu.py over the server and its workers), at the defaults, then on a second server
     # with OMP_NUM_THREADS=4 (torch's CPU threads in every process), each with its videos' timelines
