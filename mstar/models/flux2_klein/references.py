@@ -20,11 +20,13 @@ if TYPE_CHECKING:
     from PIL import Image
 
 
-def prepare_reference(image: Image.Image, vae_scale: int = 8) -> torch.Tensor:
-    """A PIL image -> float32 [3, h, w] in [-1, 1] on the host; ValueError (saying why) when the
-    pipeline would refuse it."""
+def prepare_reference(image: Image.Image | np.ndarray, vae_scale: int = 8) -> torch.Tensor:
+    """A PIL image (or uint8 RGB [H, W, 3], as mstar.api.media.decode_image gives) -> float32
+    [3, h, w] in [-1, 1] on the host; ValueError (saying why) when the pipeline would refuse it."""
     from PIL import Image
 
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
     error = reference_size_error(*image.size)
     if error is not None:
         raise ValueError(error)

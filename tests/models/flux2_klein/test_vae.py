@@ -110,3 +110,10 @@ def test_prepare_reference_refuses_what_the_pipeline_refuses(tiny_folder, size):
         pipe.image_processor.check_image_input(image)
     with pytest.raises(ValueError, match="image is"):
         prepare_reference(image)
+
+
+def test_prepare_reference_takes_decoded_uint8_arrays():
+    from PIL import Image
+
+    pixels = np.random.default_rng(3).integers(0, 256, size=(70, 90, 3), dtype=np.uint8)
+    assert torch.equal(prepare_reference(pixels), prepare_reference(Image.fromarray(pixels)))
