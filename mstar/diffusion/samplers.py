@@ -3,6 +3,8 @@
     sampler = UniPCSampler(num_steps=50, shift=5.0)            # Wan2.2 (UniPCMultistepScheduler)
     sampler = FlowMatchEulerSampler(num_steps=8, shift=3.0,    # Z-Image-Turbo
                                     sigmas=linear_sigmas(8))
+    sampler = FlowMatchEulerSampler(num_steps=4, mu=mu,        # FLUX.2 (mu from the token count)
+                                    sigmas=numpy_linear_sigmas(4))
     for t in sampler.timesteps:          # float32 [num_steps], the DiT's timestep input (0..1000 scale)
         velocity = dit(latents, t)
         latents = sampler.step(velocity, latents)   # advances sampler.step_index
@@ -26,6 +28,12 @@ NUM_TRAIN_TIMESTEPS = 1000
 def linear_sigmas(num_steps: int) -> list[float]:
     """Z-Image's default schedule before shifting: linspace(1, 1/N, N) in float32."""
     return torch.linspace(1.0, 1 / num_steps, num_steps).tolist()
+
+
+def numpy_linear_sigmas(num_steps: int) -> list[float]:
+    """FLUX.2's default schedule before shifting: np.linspace(1, 1/N, N) in float64 (the scheduler
+    rounds it to float32; torch's float32 linspace can differ from that in the last bit)."""
+    return np.linspace(1.0, 1 / num_steps, num_steps).tolist()
 
 
 def exponential_time_shift(mu: float, sigmas: np.ndarray) -> np.ndarray:
