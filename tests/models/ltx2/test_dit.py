@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mstar.engine.attention import build_attention
-from mstar.models.ltx2.config import TINY
 from mstar.models.ltx2.dit import DiTInput, LTX2DiT
+from mstar.models.ltx2.presets import TINY
 from tests.models.ltx2.reference import diffusers_forward, snr_db
 from tests.models.ltx2.tiny_parts import TINY_DIT_23, TINY_DIT_25, tiny_transformer
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mstar.models.ltx2.audio_vae import LTX2AudioDecoder
-from mstar.models.ltx2.config import TINY
+from mstar.models.ltx2.presets import TINY
 from mstar.models.ltx2.video_vae import LTX2VideoVAE
 from mstar.models.ltx2.vocoder import LTX2Vocoder
 from tests.models.ltx2.reference import snr_db

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from mstar.models.ltx2.config import TINY, DiTConfig, LTX2Config, to_json_dict
+from mstar.models.ltx2.config import DiTConfig, LTX2Config, to_json_dict
+from mstar.models.ltx2.presets import TINY
 
 # LTX-2.3's switches on the tiny DiT: gated attention, cross-attention modulation (timestep-dependent
 # text modulation), perturbed attention for spatio-temporal guidance, no caption projection, no
@@ -97,7 +98,7 @@ def tiny_gemma_config(config: LTX2Config = TINY):
 
     hidden = config.connectors.caption_channels
     text = {
-        "vocab_size": 300,
+        "vocab_size": 320,
         "hidden_size": hidden,
         "intermediate_size": 2 * hidden,
         "num_hidden_layers": config.connectors.text_proj_in_factor - 1,
@@ -119,7 +120,7 @@ def tiny_gemma_config(config: LTX2Config = TINY):
         "image_size": 28,
         "patch_size": 14,
     }
-    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299)
+    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=319)
 
 
 def tiny_text_encoder(config: LTX2Config = TINY, seed: int = 5):
@@ -144,7 +145,7 @@ def tiny_tokenizer(max_length: int = TINY.defaults.max_sequence_length):
         for end in range(2, len(word) + 1):
             merges.append((word[: end - 1], word[end - 1]))
             vocab.setdefault(word[:end], len(vocab))
-    tokenizer = GemmaTokenizerFast(vocab=vocab, merges=merges)
+    tokenizer = GemmaTokenizerFast(vocab=vocab, merges=merges, add_bos_token=True)
     tokenizer.model_max_length = max_length
     return tokenizer
 
