@@ -26,6 +26,8 @@ from mstar.diffusion.samplers import FlowMatchEulerSampler
 from mstar.models.ltx2.config import SchedulerConfig
 from mstar.models.ltx2.geometry import COND, ISOLATED, PERTURBED, UNCOND, schedule_mu
 
+MIN_STEPS = 2
+
 
 def default_sigmas(num_steps: int) -> list[float]:
     """LTX2Pipeline's sigmas before the shift: np.linspace(1, 1/N, N) (float64, as numpy gives it)."""
@@ -38,6 +40,9 @@ def make_sampler(
     """The request's sampler (one for the video latents and one, equal, for the audio latents)."""
     if scheduler.time_shift_type != "exponential":
         raise ValueError(f"scheduler: time_shift_type '{scheduler.time_shift_type}' is not supported")
+    if scheduler.shift_terminal and num_steps < MIN_STEPS:
+        # One sigma of 1 cannot be stretched to end at shift_terminal: the pipeline's are NaN.
+        raise ValueError(f"num_inference_steps must be >= {MIN_STEPS} with a terminal shift, got {num_steps}")
     mu = schedule_mu(num_video_tokens, scheduler) if scheduler.use_dynamic_shifting else None
     return FlowMatchEulerSampler(
         num_steps,

@@ -31,14 +31,15 @@ def diffusers_forward(model, item: DiTInput, perturbed_blocks=()) -> tuple[torch
 
     config = model.config
     pt, p = config.patch_size_t, config.patch_size
+    device, dtype = item.video_latents.device, item.video_text.dtype  # the pipeline casts to the text's
     _, frames, height, width = item.video_latents.shape
     _, audio_frames, mel_bins = item.audio_latents.shape
-    video = LTX2Pipeline._pack_latents(item.video_latents[None], p, pt)
-    audio = LTX2Pipeline._pack_audio_latents(item.audio_latents[None])
-    timestep = torch.tensor([item.timestep])
+    video = LTX2Pipeline._pack_latents(item.video_latents[None], p, pt).to(dtype)
+    audio = LTX2Pipeline._pack_audio_latents(item.audio_latents[None]).to(dtype)
+    timestep = torch.tensor([item.timestep], device=device)
     video_timestep = timestep
     if item.num_clean_frames:
-        mask = torch.zeros(1, 1, frames, height, width)
+        mask = torch.zeros(1, 1, frames, height, width, device=device)
         mask[:, :, : item.num_clean_frames] = 1.0
         mask = LTX2Pipeline._pack_latents(mask, p, pt).squeeze(-1)
         video_timestep = timestep.unsqueeze(-1) * (1 - mask)  # as LTX2ImageToVideoPipeline
