@@ -86,6 +86,7 @@ class PromptEncoder:
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
         return [self.encode_one(prompt) for prompt in prompts]
 
+    @torch.inference_mode()
     def encode_one(self, prompt: str) -> torch.Tensor:
         input_ids, mask = self.tokenize(prompt)
         num_valid = int(mask.sum())  # on the host: the tokenizer's mask never left it
