@@ -89,6 +89,27 @@ class ServerConfig(BaseModel):
     # overlaps the decode (False: the clip is muxed whole once decoded; to A/B)
     stream_video_frames: bool = True
 
+    # Per-request LoRA adapters (mstar.adapters, mstar.engine.lora)
+    lora_dir: str | None = Field(
+        None,
+        description="Folder of LoRA adapters requests may name (diffusers / PEFT safetensors: "
+        "<name>.safetensors or <name>/pytorch_lora_weights.safetensors); listed by GET /v1/loras. "
+        "Unset: requests cannot name adapters.",
+    )
+    max_loras: int = Field(
+        8, ge=1, description="Adapters resident on the device at once (an LRU; each takes one slot)."
+    )
+    max_lora_rank: int = Field(
+        64,
+        ge=8,
+        multiple_of=8,
+        description="Largest adapter rank served; smaller ranks are zero-padded to it in the slots "
+        "(memory and the adapter's share of a step grow with it). Adapters above it are refused.",
+    )
+    max_loras_per_request: int = Field(
+        2, ge=1, description="Adapters one request may name (their updates add up)."
+    )
+
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:
@@ -101,6 +122,15 @@ class ServerConfig(BaseModel):
             if not SIZE_PATTERN.match(size):
                 raise ValueError(f"compile_sizes entries are 'WxH' or 'WxHxFRAMES', got '{size}'")
         return sizes
+
+    @model_validator(mode="after")
+    def _check_loras(self) -> ServerConfig:
+        if self.max_loras_per_request > self.max_loras:
+            raise ValueError(
+                f"max_loras_per_request ({self.max_loras_per_request}) cannot exceed max_loras "
+                f"({self.max_loras}): a request's adapters are resident together"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_groups(self) -> ServerConfig:

@@ -142,6 +142,7 @@ class GenerationParams:
     guidance_scale: float | None = None
     seed: int | None = None
     has_input_reference: bool = False
+    lora: tuple[Any, ...] = ()  # mstar.adapters.LoraChoice: the adapters the request names
 
 
 class ModelSpec(ABC):
@@ -157,6 +158,8 @@ class ModelSpec(ABC):
     output_tensor: str = "frames"
     # Whether its text encoder can stream its weights from host memory (config offload_text_encoder)
     streams_text_encoder: bool = False
+    # The family's LoRA key layouts (mstar.adapters.LoraKeyRules); None: requests name no adapters
+    lora_keys: Any = None
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:

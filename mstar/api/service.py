@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mstar.adapters import LoraCatalog, check_lora_choices
 from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
 from mstar.api.metrics import PrometheusMetrics
 from mstar.errors import InvalidParam, Overloaded, UnknownModel
@@ -72,6 +73,14 @@ def check_step_tokens(spec: ModelSpec, params: dict[str, Any], max_tokens_per_st
     )
 
 
+def _lora_catalog(lora_dir: str | None) -> LoraCatalog | None:
+    if not lora_dir:
+        return None
+    from mstar.models.lora_families import LORA_KEY_RULES
+
+    return LoraCatalog(lora_dir, LORA_KEY_RULES)
+
+
 def random_seed() -> int:
     return secrets.randbelow(2**31)
 
@@ -82,6 +91,7 @@ class Generator:
         self.spec = spec
         self.runtime = runtime
         self.metrics = metrics
+        self.lora_catalog = _lora_catalog(getattr(config, "lora_dir", None))
 
     def check_model(self, model: str | None, output_kind: str) -> None:
         """404 for a model not served here; 400 when the route's media kind is not the model's."""
@@ -108,7 +118,20 @@ class Generator:
     def validate(self, params: GenerationParams) -> dict[str, Any]:
         validated = self.spec.validate(params)
         check_step_tokens(self.spec, validated, self.config.max_tokens_per_step)
+        if params.lora:
+            validated["lora"] = [{"name": c.name, "scale": c.scale} for c in self._check_lora(params)]
         return validated
+
+    def _check_lora(self, params: GenerationParams) -> tuple[Any, ...]:
+        rules = self.spec.lora_keys
+        return check_lora_choices(
+            params.lora,
+            self.lora_catalog,
+            max_per_request=self.config.max_loras_per_request,
+            max_rank=self.config.max_lora_rank,
+            family=None if rules is None else rules.family,
+            model_name=self.spec.name,
+        )
 
     def submit(
         self, params: dict[str, Any], inputs: dict[str, Any] | None = None, stream_frames: bool = False
