@@ -147,10 +147,20 @@ class SegmentedLoraLinear(nn.Linear):
 
 def lora_delta(x: torch.Tensor, a: torch.Tensor, bs: list[torch.Tensor], rows: LoraRows) -> torch.Tensor:
     """sum_k scale_k * (x_seg @ A_k) @ B_k per segment; x [T, in] -> [T, sum(out_j)] in x's dtype."""
-    compiling = torch.compiler.is_compiling()
-    if not hasattr(torch, "_grouped_mm") or (compiling and x.dtype != torch.bfloat16):
-        return reference_lora_delta(x, a, bs, rows)
-    return grouped_lora_delta(x, a, bs, rows)
+    if _grouped_mm_takes(x, a, bs):
+        return grouped_lora_delta(x, a, bs, rows)
+    return reference_lora_delta(x, a, bs, rows)
+
+
+def _grouped_mm_takes(x: torch.Tensor, a: torch.Tensor, bs: list[torch.Tensor]) -> bool:
+    """Whether torch._grouped_mm runs these shapes (all static: the choice never recompiles): its
+    rows must be 16-byte aligned, and torch.compile traces it in bf16 only."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
+        return False
+    widths = [x.shape[-1], a.shape[-1], *(b.shape[-1] for b in bs)]
+    return all(width * x.element_size() % 16 == 0 for width in widths)
 
 
 def grouped_lora_delta(
