@@ -78,7 +78,9 @@ def to_api_error(error: Exception) -> ApiError:
 def validation_error(errors: list | tuple) -> ApiError:
     """The first pydantic error, naming its field (the `body` prefix dropped)."""
     first = errors[0] if errors else {}
-    location = [part for part in first.get("loc", ()) if part not in ("body", "query", "path")]
+    location = list(first.get("loc", ()))
+    if location and location[0] in ("body", "query", "path"):  # FastAPI's source, not a field
+        location = location[1:]
     param = _field_path(location)
     if first.get("type") == "json_invalid":
         return ApiError(400, "The request body is not valid JSON.", code="invalid_json")
