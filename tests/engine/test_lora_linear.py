@@ -198,3 +198,12 @@ def test_new_adapters_and_segments_compile_nothing():
     step([11], [[]])
     assert compiled.num_recompiles == 0
     assert compiled.num_compiles == 2  # one graph with adapters, one without: no graph breaks
+
+
+def test_bench_runs_on_tiny_shapes(capsys):
+    from mstar.engine.lora.bench import bench_load, bench_step
+
+    bench_step("tiny", 2, [(16, 48), (48, 16)], 8, 2, device="cpu")
+    bench_load("tiny", 2, [(16, 48), (48, 16)], device="cpu")
+    out = capsys.readouterr().out
+    assert "without LoRA" in out and "copy to slot" in out
