@@ -7,7 +7,6 @@ chunked upload without Content-Length is bounded too.
 from __future__ import annotations
 
 import hmac
-import json
 import re
 from typing import Any
 
@@ -15,6 +14,7 @@ from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mstar.api.errors import ApiError, error_response
+from mstar.api.json_body import parse_json_object
 
 GUARDED_PREFIXES = ("/v1/", "/generate")
 # The openai client sends nested form values as `field[key]` (e.g. input_reference[image_url]).
@@ -134,13 +134,4 @@ async def read_fields(request: Request) -> dict[str, Any]:
             f"Unsupported content type '{content_type}'; send application/json or multipart/form-data.",
             code="unsupported_media_type",
         )
-    raw = await request.body()
-    if not raw.strip():
-        raise ApiError(400, "The request body is empty; send a JSON object.", code="invalid_json")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "The request body is not valid JSON.", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
-    return data
+    return parse_json_object(await request.body())
