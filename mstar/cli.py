@@ -105,6 +105,11 @@ def load_server_config(args: argparse.Namespace) -> Any:
         "compile_mode": args.compile_mode,
     }
     if args.command == "serve":
+        if args.api_key:
+            print(
+                f"mstar: warning: --api-key shows in the process list; set {API_KEY_ENV} instead",
+                file=sys.stderr,
+            )
         overrides.update(host=args.host, port=args.port, api_key=args.api_key or os.environ.get(API_KEY_ENV))
     return load_config(args.config, **overrides)
 

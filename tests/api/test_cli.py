@@ -114,6 +114,15 @@ def test_main_logging_covers_only_mstar_loggers_and_is_added_once(monkeypatch):
         logger.setLevel(level)
 
 
+def test_api_key_comes_from_the_environment_and_the_flag_warns(monkeypatch, capsys):
+    monkeypatch.setenv(cli.API_KEY_ENV, "from-env")
+    config = cli.load_server_config(cli.build_parser().parse_args(["serve", IMAGE_SPEC]))
+    assert config.api_key == "from-env" and "warning" not in capsys.readouterr().err
+    config = cli.load_server_config(cli.build_parser().parse_args(["serve", IMAGE_SPEC, "--api-key", "k"]))
+    assert config.api_key == "k"
+    assert f"--api-key shows in the process list; set {cli.API_KEY_ENV}" in capsys.readouterr().err
+
+
 def test_serve_rejects_a_bad_flag_value(capsys):
     assert cli.main(["serve", IMAGE_SPEC, "--device", "tpu"]) == 2
     assert "device" in capsys.readouterr().err
