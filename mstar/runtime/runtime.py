@@ -86,7 +86,10 @@ class Runtime:
             self.config.model_dump_json(), spec_path(self.spec), 0, 0, "", endpoint,
             str(self._store.directory), prefix,
         )  # fmt: skip
-        self._pool = WorkerPool(self.groups, template, self.config.transport, self._run_dir)
+        self._pool = WorkerPool(
+            self.groups, template, self.config.transport, self._run_dir,
+            self.config.heartbeat_interval_s, self.config.heartbeat_timeout_s,
+        )  # fmt: skip
         self._conductor = Conductor(self.config, self.spec, self.owner, self._pool, self._store, self.metrics)
         self._on_boot_progress = on_progress
         self._tasks = [asyncio.create_task(self._receive())]
@@ -196,7 +199,8 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        return self._started and self._warmed and not self._closing and self._pool.all_up
+        pool = self._pool
+        return self._started and self._warmed and not self._closing and pool.all_up and not pool.any_stalled
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -243,7 +247,8 @@ class Runtime:
 
     def _on_message(self, message: m.Message) -> None:
         if isinstance(message, m.Heartbeat):
-            self._pool.on_heartbeat(message)
+            if self._pool.on_heartbeat(message) and self._started:
+                self._conductor.admit_waiting()
             self.metrics.observe_gpu_memory(message.worker, message.gpu_peak_allocated_bytes)
         elif isinstance(message, m.Ready):
             self._pool.on_ready(message)
@@ -284,6 +289,8 @@ class Runtime:
                 log.exception("runtime monitor iteration failed")
 
     def _watch_workers(self) -> None:
+        if not self._inbox.get(zmq.EVENTS) & zmq.POLLIN:  # else heartbeats may wait unread there
+            self._pool.find_stalled()
         for index in self._pool.find_dead():
             self._conductor.on_worker_down(index)
             if self.config.worker_restart and not self._closing:

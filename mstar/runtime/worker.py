@@ -28,7 +28,6 @@ from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_loop import StepLoop
 from mstar.runtime.transport import Outboxes, bind_inbox, connect_push, send
 
-HEARTBEAT_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
 FLUSH_ON_EXIT_MS = 1000
 
@@ -103,6 +102,7 @@ class Worker:
         self.peers = Outboxes(self.context)
         self.store = SegmentStore(boot.segment_dir, boot.segment_prefix)
         self.parent_pid = os.getppid()
+        self.heartbeat_interval_s = ServerConfig.model_validate_json(boot.config_json).heartbeat_interval_s
         self.loop: StepLoop | None = None
         self.stopping = False
         self._boot_progress_lock = threading.Lock()
@@ -200,7 +200,7 @@ class Worker:
                     self.boot.worker, self.boot.incarnation, num_requests, self._peak_allocated_bytes()
                 ),
             )
-            self._heartbeat_stop.wait(HEARTBEAT_INTERVAL_S)
+            self._heartbeat_stop.wait(self.heartbeat_interval_s)
         socket.close(linger=0)
 
     def _peak_allocated_bytes(self) -> int:
