@@ -86,7 +86,9 @@ def create_app(
     for module in (routes_ops, routes_images, routes_videos, routes_native):
         app.include_router(module.router)
     # Added last = outermost: Host and Origin first, then the key, both before any body is read.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s
+    )
     app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
     policy = HostPolicy(config.host, config.allowed_hosts, config.public_url)
     app.add_middleware(HostOriginMiddleware, policy=policy)
