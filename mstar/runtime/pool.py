@@ -88,7 +88,15 @@ class WorkerPool:
         # The worker imports the spec's module by name: give it the API process's import path.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
         worker.popen = subprocess.Popen(
-            [sys.executable, "-m", "mstar.runtime.worker", "--worker", str(index)],
+            [
+                sys.executable,
+                "-m",
+                "mstar.runtime.worker",
+                "--worker",
+                str(index),
+                "--parent-pid",
+                str(os.getpid()),
+            ],
             stdin=subprocess.PIPE,
             env=env,
             start_new_session=True,  # Ctrl-C goes to the API process, which shuts workers down

@@ -131,7 +131,7 @@ def test_shutdown_fails_in_flight_requests_and_leaves_nothing(loop):
     run(loop, runtime.shutdown(timeout_s=0.2))
     with pytest.raises(RequestFailed) as failure:
         run(loop, handle.result())
-    assert failure.value.kind == "aborted"
+    assert failure.value.kind == "shutdown"
     assert not runtime.ready
     assert not any(_process_exists(pid) for pid in pids)
     assert runtime._store.list_segments() == [] and not os.path.exists(run_dir)
@@ -142,3 +142,28 @@ def test_shutdown_fails_in_flight_requests_and_leaves_nothing(loop):
 def test_placement_errors_surface_before_any_process_starts():
     with pytest.raises(ValueError, match="decoder"):
         Runtime(make_config(node_groups=[NodeGroup(nodes=["encoder", "aux", "denoiser"])]), FakeSpec())
+
+
+def test_worker_whose_api_process_died_before_it_started_exits(tmp_path):
+    """The API process can die between spawning a worker and the worker's start (a SIGKILL during a
+    restart): the worker must not take its new parent (pid 1) for the API process and live on."""
+    import subprocess
+    import sys
+
+    import msgspec
+
+    from mstar.runtime import messages as m
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    config = make_config(node_groups=[], heartbeat_interval_s=0.2, heartbeat_timeout_s=5.0)
+    boot = m.WorkerBoot(
+        config.model_dump_json(), config.model, 0, 1, f"ipc://{tmp_path}/w.sock",
+        f"ipc://{tmp_path}/c.sock", str(tmp_path), "mstar-test-",
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "mstar.runtime.worker", "--worker", "0", "--parent-pid", str(gone.pid)],
+        stdin=subprocess.PIPE,
+    )
+    worker.communicate(msgspec.json.encode(boot), timeout=60)  # hang guard: it must leave by itself
+    assert worker.returncode == 1  # its orphan exit (not a usage error, 2)
