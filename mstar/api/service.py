@@ -53,6 +53,14 @@ def failure_error(kind: str, message: str) -> ApiError:
             code="out_of_memory",
             headers={"Retry-After": "5"},
         )
+    if kind == "shutdown":
+        return ApiError(
+            503,
+            "The server is shutting down; retry the request.",
+            type="server_error",
+            code="shutting_down",
+            headers={"Retry-After": "1"},
+        )
     if kind == "aborted":
         return ApiError(503, "The request was aborted.", type="server_error", code="aborted")
     return ApiError(500, GENERIC_INTERNAL_MESSAGE, type="server_error", code="internal_error")

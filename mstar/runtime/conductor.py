@@ -32,7 +32,7 @@ from mstar.runtime.tensors import export_tensors, import_outputs
 
 MAX_WALKS_PER_REQUEST = 256  # a model whose next_walk never returns None must not spin forever
 MAX_REMEMBERED_ENDINGS = 4096
-OUTCOMES = {"aborted": "aborted", "timeout": "timeout"}
+OUTCOMES = {"aborted": "aborted", "shutdown": "aborted", "timeout": "timeout"}
 
 log = logging.getLogger("mstar.runtime")
 

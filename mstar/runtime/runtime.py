@@ -66,7 +66,8 @@ class Runtime:
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self._warmed = False
-        self._closing = False
+        self._closing = False  # draining: no new requests, no worker restarts
+        self._shut_down = False
         self._on_boot_progress: Callable[[str, int, int], None] | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -159,17 +160,26 @@ class Runtime:
         nodes = ",".join(self.groups[index].nodes)
         return f"worker {index} ({nodes} on {self.groups[index].device}) failed to boot: {error}"
 
-    async def shutdown(self, timeout_s: float = 30.0) -> None:
-        if self._pool is None or self._closing:
+    async def drain(self, timeout_s: float) -> None:
+        """Take no more requests (`ready` turns False), fail the waiting ones, give the running ones
+        up to timeout_s to finish, then fail them (kind "shutdown"). The workers keep running."""
+        if self._conductor is None:
             return
         self._closing = True
         conductor = self._conductor
         conductor.accepting = False
-        conductor.fail_waiting("server is shutting down", "aborted")
+        conductor.fail_waiting("server is shutting down", "shutdown")
         deadline = time.monotonic() + timeout_s
         while conductor.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        conductor.fail_all("server shut down before the request finished", "aborted")
+        conductor.fail_all("server shut down before the request finished", "shutdown")
+
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        """drain(timeout_s), then stop the workers and remove the sockets and segments."""
+        if self._pool is None or self._shut_down:
+            return
+        self._shut_down = True
+        await self.drain(timeout_s)
         await self._teardown()
 
     async def _teardown(self) -> None:

@@ -26,10 +26,10 @@ IMAGE_SPEC = "tests.api.live_models:LiveImageSpec"
 VIDEO_SPEC = "tests.api.live_models:LiveVideoSpec"
 
 
-def start_serve(*args: str, env_key: str | None = None) -> subprocess.Popen:
+def start_serve(*args: str, env_key: str | None = None, **env_vars: str) -> subprocess.Popen:
     # REPO first, the caller's path kept: on the GPU machine the server's deps come through PYTHONPATH
     python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=python_path)
+    env = dict(os.environ, PYTHONPATH=python_path, **env_vars)
     env.pop("MSTAR_API_KEY", None)
     if env_key:
         env["MSTAR_API_KEY"] = env_key
