@@ -78,6 +78,14 @@ class SlowImageSpec(LiveImageSpec):
         return resolved
 
 
+class SlowBootImageSpec(LiveImageSpec):
+    """Builds its nodes for a minute: a server stopped while it boots."""
+
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
+        time.sleep(60)
+        return super().build_nodes(ctx)
+
+
 class BrokenBootImageSpec(LiveImageSpec):
     """Fails in build_nodes the way an unusable attention backend does."""
 

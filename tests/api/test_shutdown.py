@@ -101,3 +101,21 @@ def test_stop_signal_drains_answers_and_leaves_nothing(tmp_path: Path, stop_sign
     segment_prefix = f"mstar-{process.pid:x}"
     if os.path.isdir("/dev/shm"):
         assert not [name for name in os.listdir("/dev/shm") if name.startswith(segment_prefix)]
+
+
+def test_stop_signal_during_boot_exits_0_and_leaves_nothing(tmp_path: Path):
+    run_root = tmp_path / "tmp"
+    run_root.mkdir()
+    process = start_serve("tests.api.live_models:SlowBootImageSpec", "--port", "0", TMPDIR=str(run_root))
+    try:
+        started = read_until(process.stderr, "starting, pid")  # a worker is building its nodes
+        worker_pids = [int(pid) for pid in WORKER_PID.findall("".join(started))]
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0 and "stopped during boot" in stderr, stderr[-2000:]
+    assert worker_pids and not [pid for pid in worker_pids if _process_exists(pid)]
+    assert list(run_root.iterdir()) == []
