@@ -103,8 +103,10 @@ class LLMNode(Node):
             if output.logprobs is not None and generation.request.sampling.logprobs is not None:
                 logprob = output.logprobs[index]
                 count = generation.request.sampling.logprobs
-                ids, values = output.top_ids[index][:count], output.top_logprobs[index][:count]
-                top = [(self.tokenizer.decode([i], False), v) for i, v in zip(ids, values, strict=True)]
+                top = []
+                if count and output.top_ids is not None:
+                    ids, values = output.top_ids[index][:count], output.top_logprobs[index][:count]
+                    top = [(self.tokenizer.decode([i], False), v) for i, v in zip(ids, values, strict=True)]
             generation.take(output.token_ids[index], logprob, top)
             if generation.finished:
                 self.scheduler.finish(generation.seq)  # its pages serve the next step already

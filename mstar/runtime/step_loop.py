@@ -365,6 +365,7 @@ class StepLoop:
                 self.queues[name].node.release(request.state)
             except Exception:
                 log.exception("%s.release failed for %s", name, request.state.request_id)
+            self._report_events(self.queues[name])  # levels change without a step (pages given back)
 
     def release_all(self) -> None:
         for rid in list(self.table.rids()):

@@ -14,7 +14,10 @@ NUM_NEW_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a CPU worker runs (small GEMMs; a busy host's OpenMP team is slow)
+    yield tiny_model()
+    torch.set_num_threads(threads)
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from mstar.graph import BuildContext, Node
-from mstar.llm.build import LLMGeometry, build_llm_node
+from mstar.llm.build import LLMGeometry, build_llm_node, use_one_cpu_thread
 from mstar.models.checkpoint import build_module, default_dtype
 from mstar.models.qwen3.config import Qwen3Config
 from mstar.models.qwen3.transformer import Qwen3ForCausalLM
@@ -40,6 +40,7 @@ def load_qwen3(
 def build_qwen3_nodes(spec, ctx: BuildContext) -> dict[str, Node]:
     config = spec.model_config(ctx.config)
     device = torch.device(ctx.device)
+    use_one_cpu_thread(device)
     dtype = default_dtype(device, ctx.config.dtype)
     folder = None if ctx.random_weights else spec.folder(ctx.config)
     model = load_qwen3(config, device, dtype, folder, ctx.progress)
