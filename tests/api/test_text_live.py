@@ -196,3 +196,24 @@ def test_accuracy_with_16_requests_in_flight_and_metrics(server, client):
         > metric(server, "mstar:prefix_cache_hits_total")
         > 0
     )
+
+
+def test_llm_bench_client_against_the_server(server):
+    """`mstar bench llm`'s load phases: exact output counts, TTFT/TPOT percentiles, a prefix hit."""
+    import asyncio
+
+    from mstar.bench.llm import decode_floor, llm_table
+    from mstar.bench.llm_load import closed_loop, prefix_ttft, random_prompts, summarize
+    from mstar.models.qwen3.config import QWEN3_CONFIGS
+
+    prompts = random_prompts(4, 12, 342, seed=0)
+    timings, wall_s = asyncio.run(closed_loop(server.base_url, MODEL, prompts, 6, 2, 60.0))
+    level = summarize(timings, wall_s, 2)
+    assert level["num_requests"] == 4 and level["output_tokens"] == 24  # EOS ignored: exactly 6 each
+    assert level["ttft_ms_p50"] > 0 and level["tpot_ms_p50"] > 0
+    prefix = asyncio.run(prefix_ttft(server.base_url, MODEL, 342, 64, 1, 0, 60.0))
+    assert prefix["cached_tokens_p50"] == 64  # the shared system prompt's four full pages
+    floor = decode_floor(QWEN3_CONFIGS["qwen3-8b"], 640, 4.3e12)
+    assert 3.5 < floor["floor_ms"] < 4.5  # 16.4 GB of bf16 weights, 0.1 GB of KV, at 4.3 TB/s
+    table = llm_table({"levels": [level], "prefix_cache": prefix, "decode_floor": floor})
+    assert "| 2 | 4 |" in table
