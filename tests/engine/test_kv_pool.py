@@ -150,3 +150,36 @@ def test_page_table_arrays_are_int32_for_flashinfer():
     layout = PagedLayout.build([2], [2], [[1]], 4)
     for array in (layout.qo_indptr, layout.kv_page_indptr, layout.kv_page_indices, layout.kv_last_page_lens):
         assert array.dtype == np.int32
+
+
+def test_flashinfer_paged_backend_plans_decode_and_prefill_apart():
+    """Through a fake flashinfer (the real signatures, SDPA inside): the decode rows go to the decode
+    wrapper and the chunks to the causal prefill wrapper, with the layout's page tables, and the
+    answer matches the reference; a captured wrapper takes a padded decode step."""
+    from tests.engine.attention_fakes import HOPPER
+    from tests.engine.paged_fakes import FakePagedFlashInfer
+
+    fake = FakePagedFlashInfer()
+    heads = PagedHeads(4, 2, 8, torch.float32, 4, 8**-0.5)
+    pool = KVPool(KVGeometry(1, 2, 8, torch.float32, 4), 16, "cpu")
+    pool.cache.normal_()
+    workspace = torch.zeros(1024, dtype=torch.uint8)
+    attention = build_paged_attention(
+        pool, heads, "flashinfer", workspace=workspace, cuda_graphs=True,
+        libraries={"flashinfer": fake}, platform=HOPPER,
+    )  # fmt: skip
+    assert attention.backend_name == "flashinfer" and fake.plans  # the boot check planned and ran
+    reference = build_paged_attention(pool, heads, "torch")
+    layout = PagedLayout.build([1, 1, 3], [6, 2, 7], [[7, 2], [5], [0, 9]], 4)
+    q, k, v = torch.randn(5, 4, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    before = len(fake.plans)
+    attention.plan(layout)
+    decode_plan, prefill_plan = fake.plans[before:]
+    assert decode_plan["indices"] == [7, 2, 5] and decode_plan["last"] == [2, 2]
+    assert prefill_plan["qo"] == [0, 3] and prefill_plan["indices"] == [0, 9] and prefill_plan["last"] == [3]
+    out = attention.forward(0, q, k, v)
+    reference.plan(layout)
+    torch.testing.assert_close(out, reference.forward(0, q, k, v), rtol=1e-5, atol=1e-5)
+    decode_only = layout.part(0, 2)
+    planned = attention.plan(decode_only, graph_rows=4)
+    assert planned.num_segments == 4 and fake.plans[-1]["indices"] == [7, 2, 5, pool.scratch_page, pool.scratch_page]

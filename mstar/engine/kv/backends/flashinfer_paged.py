@@ -56,6 +56,7 @@ class FlashInferPagedWrapper(PagedWrapper):
         self._decode: Any = None
         self._prefill: Any = None
         self._layout: PagedLayout | None = None
+        self._pin = backend.device.type == "cuda"
         if captured:
             if num_rows is None:
                 raise ValueError("a CUDA-graph paged wrapper needs its row count")
@@ -101,16 +102,16 @@ class FlashInferPagedWrapper(PagedWrapper):
             raise ValueError(f"a captured paged wrapper runs {self._num_rows} decode rows only")
         if decode is not None:
             self._decode = self._decode or self._new_decode_wrapper()
-            indptr, indices, last = _page_table(decode)
+            indptr, indices, last = _page_table(decode, self._pin)
             self._decode.plan(
                 indptr, indices, last, heads.num_q_heads, heads.num_kv_heads, heads.head_dim,
                 heads.page_tokens, non_blocking=True, **common,
             )  # fmt: skip
         if prefill is not None:
             self._prefill = self._prefill or self._new_prefill_wrapper()
-            indptr, indices, last = _page_table(prefill)
+            indptr, indices, last = _page_table(prefill, self._pin)
             self._prefill.plan(
-                _pinned(prefill.qo_indptr), indptr, indices, last, heads.num_q_heads,
+                _host(prefill.qo_indptr, self._pin), indptr, indices, last, heads.num_q_heads,
                 heads.num_kv_heads, heads.head_dim, heads.page_tokens, causal=True,
                 non_blocking=True, **common,
             )  # fmt: skip
@@ -128,11 +129,13 @@ class FlashInferPagedWrapper(PagedWrapper):
         return torch.cat([self._decode.run(q[:num_decode], cache), self._prefill.run(q[num_decode:], cache)])
 
 
-def _page_table(layout: PagedLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(kv page indptr, page indices, last page lens) as pinned host int32 tensors."""
-    return _pinned(layout.kv_page_indptr), _pinned(layout.kv_page_indices), _pinned(layout.kv_last_page_lens)
+def _page_table(layout: PagedLayout, pin: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kv page indptr, page indices, last page lens) as host int32 tensors."""
+    return tuple(_host(a, pin) for a in (layout.kv_page_indptr, layout.kv_page_indices, layout.kv_last_page_lens))
 
 
-def _pinned(array: np.ndarray) -> torch.Tensor:
-    """A pinned host copy: FlashInfer plans on the host and copies it to the device without a sync."""
-    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32)).pin_memory()
+def _host(array: np.ndarray, pin: bool) -> torch.Tensor:
+    """A host copy, pinned for a GPU: FlashInfer plans on the host and copies it to the device
+    without a sync."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32))
+    return tensor.pin_memory() if pin else tensor
