@@ -40,7 +40,7 @@ bench_llm() {  # bench_llm MODEL: the serving benchmark and the baseline, one ta
 case "$phase" in
   llm-test)
     nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu -o addopts="" \
+    timeout 560 python3 -m pytest -q -s -p no:cacheprovider -m gpu -o addopts="" \
       tests/engine/test_kv_gpu.py tests/models/qwen3/test_qwen3_gpu.py 2>&1 | tail -25
     ;;
   llm-0.6b) bench_llm qwen3-0.6b ;;

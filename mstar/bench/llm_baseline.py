@@ -14,17 +14,19 @@ from typing import Any
 from mstar.bench.llm_load import random_prompts
 
 
-def transformers_model(config: Any, device: str, seed: int = 0):
-    """transformers' Qwen3ForCausalLM holding our seeded random weights (bf16, on `device`)."""
+def transformers_model(config: Any, device: str, seed: int = 0, dtype: Any = None):
+    """transformers' Qwen3ForCausalLM holding our seeded random weights (bf16 values; in `dtype`,
+    bf16 by default, on `device`)."""
     import torch
     import transformers
 
     from mstar.models.qwen3.nodes import load_qwen3
 
+    dtype = dtype or torch.bfloat16
     ours = load_qwen3(config, device, torch.bfloat16, seed=seed)
     with torch.device(device):  # not meta: the rotary buffers are computed at construction
         model = transformers.Qwen3ForCausalLM._from_config(
-            transformers.Qwen3Config(**config.to_hf()), dtype=torch.bfloat16
+            transformers.Qwen3Config(**config.to_hf()), dtype=dtype
         )
     model.load_state_dict(dict(ours.state_dict()), strict=True)  # lm_head is listed even when tied
     del ours

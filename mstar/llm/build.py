@@ -50,7 +50,9 @@ def build_llm_node(
     context_length: int,
     dtype: torch.dtype,
     name: str = "llm",
+    overlap: bool | None = None,
 ) -> LLMNode:
+    """`overlap` (default: on CUDA) queues each step before the previous one is read back."""
     config = ctx.config
     device = torch.device(ctx.device)
     if device.type == "cuda":
@@ -88,7 +90,10 @@ def build_llm_node(
     )
     scheduler = Scheduler(scheduler_config, pool.pages)
     warmup = graphs.capture if graphs is not None else None
-    return LLMNode(name, runner, scheduler, tokenizer, eos_ids, context_length, warmup_steps=warmup)
+    overlap = device.type == "cuda" if overlap is None else overlap
+    return LLMNode(
+        name, runner, scheduler, tokenizer, eos_ids, context_length, warmup_steps=warmup, overlap=overlap
+    )
 
 
 def use_one_cpu_thread(device: str | torch.device) -> None:

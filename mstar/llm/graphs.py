@@ -78,13 +78,13 @@ class DecodeGraphs:
 
     def run(self, layout: PagedLayout, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Replay the smallest graph that holds the step; float32 logits [size, V] (the first
-        layout.num_segments rows are the step's; the rest are padding). Inputs are host tensors."""
+        layout.num_segments rows are the step's; the rest are padding). Inputs are on the device."""
         size = next(s for s in self.sizes if s >= layout.num_segments)
         graph, static_ids, static_positions, logits = self._graphs[size]
         self.attention.plan(layout, graph_rows=size)
         count = layout.num_segments
-        static_ids[:count].copy_(input_ids.pin_memory(), non_blocking=True)
-        static_positions[:count].copy_(positions.pin_memory(), non_blocking=True)
+        static_ids[:count].copy_(input_ids)
+        static_positions[:count].copy_(positions)
         static_ids[count:].zero_()
         static_positions[count:].zero_()
         graph.replay()

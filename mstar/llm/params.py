@@ -64,7 +64,8 @@ class TextRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class TextPiece(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What the node sends per step per request (inline output piece "text")."""
+    """What the node sends per step per request (inline output piece "text"); sent as the plain
+    dict of these fields (mstar.llm.generation builds it), read by the API."""
 
     token_ids: list[int] = []
     text: str = ""

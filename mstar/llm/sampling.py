@@ -44,6 +44,43 @@ class RowSampling:
 
 
 @dataclass
+class PendingSamples:
+    """One step's samples: on the device (`token_ids`, to feed the next step) and on their way to
+    the host (non-blocking copies; `read` waits for them alone, not for work queued after)."""
+
+    token_ids: torch.Tensor
+    host: list[torch.Tensor]  # token ids, then (with logprobs) chosen logprobs, top ids, top values
+    copied: torch.cuda.Event | None
+    num_top: int
+
+    def read(self) -> SampleOutput:
+        if self.copied is not None:
+            self.copied.synchronize()
+        ids = self.host[0].tolist()
+        if len(self.host) == 1:
+            return SampleOutput(ids, None, None, None)
+        if self.num_top:
+            return SampleOutput(ids, self.host[1].tolist(), self.host[2].tolist(), self.host[3].tolist())
+        return SampleOutput(ids, self.host[1].tolist(), None, None)
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.device.type != "cuda":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
+def _event_after(device: torch.device) -> torch.cuda.Event | None:
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+@dataclass
 class SampleOutput:
     token_ids: list[int]
     logprobs: list[float] | None  # of the chosen tokens (None when no row asked)
@@ -64,7 +101,16 @@ class Sampler:
         histories: list[tuple[list[int], list[int]]] | None = None,
     ) -> SampleOutput:
         """logits float32 [N, V] on the device; histories[i] = (prompt ids, output ids) of row i
-        (needed when a row has penalties). One read-back of the results at the end."""
+        (needed when a row has penalties). Waits for the results."""
+        return self.launch(logits, rows, histories).read()
+
+    def launch(
+        self,
+        logits: torch.Tensor,
+        rows: list[RowSampling],
+        histories: list[tuple[list[int], list[int]]] | None = None,
+    ) -> PendingSamples:
+        """Queue the sampling and the copy of its results to the host; nothing waits here."""
         logits = logits[:, : self.vocab_size].float()
         raw_logprobs = (
             torch.log_softmax(logits, dim=-1) if any(r.num_logprobs is not None for r in rows) else None
@@ -76,7 +122,7 @@ class Sampler:
             token_ids = torch.where(
                 self._flags([r.greedy for r in rows]), token_ids, self._draw(logits, rows)
             )
-        return self._read_back(token_ids, raw_logprobs, rows)
+        return self._copy_out(token_ids, raw_logprobs, rows)
 
     # ---- penalties -------------------------------------------------------------------------
 
@@ -139,17 +185,16 @@ class Sampler:
 
     # ---- results ---------------------------------------------------------------------------
 
-    def _read_back(self, token_ids: torch.Tensor, raw_logprobs: torch.Tensor | None, rows) -> SampleOutput:
-        if raw_logprobs is None:
-            return SampleOutput(token_ids.tolist(), None, None, None)
-        chosen = raw_logprobs.gather(1, token_ids[:, None])[:, 0]
-        num_top = max(r.num_logprobs or 0 for r in rows)
-        top_values, top_ids = raw_logprobs.topk(num_top, dim=-1) if num_top else (None, None)
-        return SampleOutput(
-            token_ids.tolist(),
-            chosen.tolist(),
-            top_ids.tolist() if top_ids is not None else None,
-            top_values.tolist() if top_values is not None else None,
+    def _copy_out(self, token_ids: torch.Tensor, raw_logprobs: torch.Tensor | None, rows) -> PendingSamples:
+        parts = [token_ids]
+        num_top = max((r.num_logprobs or 0) for r in rows) if raw_logprobs is not None else 0
+        if raw_logprobs is not None:
+            parts.append(raw_logprobs.gather(1, token_ids[:, None])[:, 0])
+            if num_top:
+                top_values, top_ids = raw_logprobs.topk(num_top, dim=-1)
+                parts += [top_ids, top_values]
+        return PendingSamples(
+            token_ids, [_to_host(part) for part in parts], _event_after(self.device), num_top
         )
 
     def _column(self, values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:

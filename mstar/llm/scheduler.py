@@ -39,6 +39,7 @@ class Row:
     seq: Sequence
     start: int  # tokens of the sequence in the pool before this step
     num_tokens: int  # tokens this step computes (1 for a decode row)
+    epoch: int = 0  # the sequence's preemptions when planned (its pages are others' after one)
 
     @property
     def end(self) -> int:
@@ -118,9 +119,9 @@ class Scheduler:
         plan = StepPlan()
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
-        for seq in [s for s in self.running if s.is_decode]:
+        for seq in [s for s in self.running if s.is_decode and not s.done_sampling]:
             if seq.status == Status.RUNNING and self._reserve(seq, seq.num_computed + 1, plan, scheduled):
-                plan.rows.append(Row(seq, seq.num_computed, 1))
+                plan.rows.append(Row(seq, seq.num_computed, 1, seq.num_preemptions))
                 scheduled.add(id(seq))
                 budget -= 1
         plan.num_decode = len(plan.rows)
@@ -131,7 +132,7 @@ class Scheduler:
                 continue  # preempted above
             chunk = min(seq.num_uncomputed, budget)
             if self._reserve(seq, seq.num_computed + chunk, plan, scheduled):
-                plan.rows.append(Row(seq, seq.num_computed, chunk))
+                plan.rows.append(Row(seq, seq.num_computed, chunk, seq.num_preemptions))
                 scheduled.add(id(seq))
                 budget -= chunk
         self._admit_waiting(plan, budget)
@@ -140,6 +141,8 @@ class Scheduler:
     def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending:  # preempted with a sample in flight: back once it is read
+                return
             self._take_cached_prefix(seq)
             chunk = min(seq.num_uncomputed, budget)
             new_pages = self.pages.allocate(self.pages.pages_for(seq.num_computed + chunk) - len(seq.pages))
@@ -150,7 +153,7 @@ class Scheduler:
             self.waiting.pop(0)
             seq.status = Status.RUNNING
             _insert_by_arrival(self.running, seq)
-            plan.rows.append(Row(seq, seq.num_computed, chunk))
+            plan.rows.append(Row(seq, seq.num_computed, chunk, seq.num_preemptions))
             budget -= chunk
 
     def _take_cached_prefix(self, seq: Sequence) -> None:
@@ -201,13 +204,24 @@ class Scheduler:
     # ---- after the step ----------------------------------------------------------------------
 
     def computed(self, plan: StepPlan) -> None:
-        """The step ran: its rows' tokens are in the pool; pages it filled join the prefix cache."""
+        """The step ran and its tokens are known: `advance`, then `register`."""
+        self.advance(plan)
+        self.register(plan)
+
+    def advance(self, plan: StepPlan) -> None:
+        """The step is queued: its rows' tokens count as in the pool (the next plan follows on)."""
+        for row in plan.rows:
+            if row.seq.status == Status.RUNNING and row.seq.num_preemptions == row.epoch:
+                row.seq.num_computed = row.end
+
+    def register(self, plan: StepPlan) -> None:
+        """Pages the step filled join the prefix cache, once the tokens in them are all known (a
+        fed token is read back a step later)."""
         for row in plan.rows:
             seq = row.seq
-            if seq.status != Status.RUNNING:
-                continue
+            if seq.status != Status.RUNNING or seq.num_preemptions != row.epoch:
+                continue  # ended or preempted since: those pages are not its any more
             first_new_full = row.start // self.page_tokens
-            seq.num_computed = row.end
             num_full = row.end // self.page_tokens
             if num_full > first_new_full:
                 hashes = seq.page_hashes(num_full, self.page_tokens)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from mstar.engine.kv.pages import page_hash, root_hash
 
+PENDING = -1  # a token sampled on the device and not read back yet (the next step is fed from there)
+
 
 class Status(enum.Enum):
     WAITING = "waiting"  # not admitted yet, or preempted (its pages given back; recomputed later)
@@ -32,6 +34,8 @@ class Sequence:
     num_cached_prompt: int = 0  # prompt tokens the prefix cache served at the first admission
     num_preemptions: int = 0
     admitted: bool = False  # admitted once (the first admission counts the prefix-cache hit)
+    num_pending: int = 0  # PENDING tokens at the end of `tokens`
+    done_sampling: bool = False  # its last allowed token is sampled: no step for it any more
     _hashes: list[bytes] = field(default_factory=list)
 
     @classmethod

@@ -102,6 +102,8 @@ class ByteTokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if all(token < 256 for token in ids):  # the common case: bytes only
+            return bytes(ids).decode("utf-8", errors="replace")
         out, pending = [], bytearray()
         for token in ids:
             if token < 256:

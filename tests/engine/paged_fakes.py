@@ -75,7 +75,9 @@ class _FakeWrapper:
         q_data_type="float16", kv_data_type=None, sm_scale=None, non_blocking=True, **rest,
     ):  # fmt: skip
         qo = torch.arange(len(indptr), dtype=torch.int32)
-        self._record(qo, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale)
+        self._record(
+            qo, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale
+        )
 
     def _prefill_plan(
         self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,

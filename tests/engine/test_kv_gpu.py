@@ -39,7 +39,7 @@ def random_layout(num_decode: int, prefill: list[tuple[int, int]], generator) ->
 
 def run_backend(name: str, heads: PagedHeads, layout: PagedLayout, graph_rows=None):
     generator = torch.Generator().manual_seed(1)
-    pool = KVPool(KVGeometry(1, heads.num_kv_heads, heads.head_dim, heads.dtype, PAGE), 256, "cuda")
+    pool = KVPool(KVGeometry(1, heads.num_kv_heads, heads.head_dim, heads.dtype, PAGE), 1024, "cuda")
     pool.cache.copy_(torch.randn(pool.cache.shape, generator=generator).to(pool.cache))
     q = torch.randn(layout.total_q, heads.num_q_heads, heads.head_dim, generator=generator).to(
         "cuda", heads.dtype
@@ -93,7 +93,7 @@ def test_decode_graph_replay_equals_eager_decode():
     layout = PagedLayout.build([1, 1, 1], [20, 5, 33], [[0, 1], [2], [3, 4, 5]], PAGE)
     ids = torch.tensor([3, 9, 27])
     positions = torch.from_numpy(layout.new_positions.copy())
-    replayed = graphs.run(layout, ids, positions)[:3].clone()
+    replayed = graphs.run(layout, ids.cuda(), positions.cuda())[:3].clone()
     attention.plan(layout)
     with torch.inference_mode():
         eager = model.logits(model(ids.cuda(), positions.cuda(), attention))

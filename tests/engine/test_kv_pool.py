@@ -182,4 +182,10 @@ def test_flashinfer_paged_backend_plans_decode_and_prefill_apart():
     torch.testing.assert_close(out, reference.forward(0, q, k, v), rtol=1e-5, atol=1e-5)
     decode_only = layout.part(0, 2)
     planned = attention.plan(decode_only, graph_rows=4)
-    assert planned.num_segments == 4 and fake.plans[-1]["indices"] == [7, 2, 5, pool.scratch_page, pool.scratch_page]
+    assert planned.num_segments == 4 and fake.plans[-1]["indices"] == [
+        7,
+        2,
+        5,
+        pool.scratch_page,
+        pool.scratch_page,
+    ]

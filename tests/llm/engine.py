@@ -24,13 +24,17 @@ def tiny_model(config: Qwen3Config = TINY, dtype=torch.float64, seed: int = 0):
     return load_qwen3(config, "cpu", dtype, folder=None, seed=seed)
 
 
-def make_node(model, config: Qwen3Config = TINY, dtype=torch.float64, context_length=512, **server_fields):
+def make_node(
+    model, config: Qwen3Config = TINY, dtype=torch.float64, context_length=512, overlap=False, **server_fields
+):
     server_fields.setdefault("kv_pool_pages", 256)
     server_fields.setdefault("kv_page_tokens", 4)
     server = ServerConfig(model="tiny", **server_fields)
     ctx = BuildContext(server, "cpu", ("llm",))
     tokenizer = ByteTokenizer(config.vocab_size)
-    return build_llm_node(ctx, model, geometry_of(config), tokenizer, (), context_length, dtype)
+    return build_llm_node(
+        ctx, model, geometry_of(config), tokenizer, (), context_length, dtype, overlap=overlap
+    )
 
 
 def request(prompt_ids, max_tokens=16, **sampling) -> dict:

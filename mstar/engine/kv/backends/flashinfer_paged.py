@@ -57,6 +57,7 @@ class FlashInferPagedWrapper(PagedWrapper):
         self._prefill: Any = None
         self._layout: PagedLayout | None = None
         self._pin = backend.device.type == "cuda"
+        self._staged: torch.cuda.Event | None = None  # recorded after a plan's copies were queued
         if captured:
             if num_rows is None:
                 raise ValueError("a CUDA-graph paged wrapper needs its row count")
@@ -91,6 +92,10 @@ class FlashInferPagedWrapper(PagedWrapper):
     # ---- plan and run ----------------------------------------------------------------------
 
     def _plan_kernel(self, layout: PagedLayout) -> None:
+        # FlashInfer stages each plan through its own pinned host buffer: the copy of the last
+        # plan must have left it before it is rewritten (the host runs a step ahead of the device)
+        if self._staged is not None and not self._staged.query():
+            self._staged.synchronize()
         self._layout = None
         heads = self._backend.heads
         common = dict(q_data_type=heads.dtype, kv_data_type=heads.dtype, sm_scale=heads.scale)
@@ -116,6 +121,9 @@ class FlashInferPagedWrapper(PagedWrapper):
                 non_blocking=True, **common,
             )  # fmt: skip
         self._layout = layout
+        if self._pin:
+            self._staged = torch.cuda.Event()
+            self._staged.record(torch.cuda.current_stream(self.device))
 
     def run_paged(self, q: torch.Tensor, pool: KVPool, layer: int) -> torch.Tensor:
         layout = self._layout
@@ -131,7 +139,9 @@ class FlashInferPagedWrapper(PagedWrapper):
 
 def _page_table(layout: PagedLayout, pin: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(kv page indptr, page indices, last page lens) as host int32 tensors."""
-    return tuple(_host(a, pin) for a in (layout.kv_page_indptr, layout.kv_page_indices, layout.kv_last_page_lens))
+    return tuple(
+        _host(a, pin) for a in (layout.kv_page_indptr, layout.kv_page_indices, layout.kv_last_page_lens)
+    )
 
 
 def _host(array: np.ndarray, pin: bool) -> torch.Tensor:
