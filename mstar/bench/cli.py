@@ -119,6 +119,7 @@ def _llm_parser(sub: Any) -> None:
     parser.add_argument("--no-cuda-graphs", action="store_false", dest="cuda_graphs")
     parser.add_argument("--compile-cache-dir", help="where FlashInfer's JIT builds are kept")
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--server-log", help="where the local server's log goes (default: stderr)")
     parser.add_argument("--seed", type=int, default=0)
     _add_output(parser, "llm")
 
@@ -269,7 +270,7 @@ def _run(args: argparse.Namespace, argv: list[str], write: Any) -> dict[str, Any
 
         names = ("model", "device", "concurrency", "prompt_tokens", "output_tokens", "system_prompt_tokens")
         names += ("num_prefix_pairs", "base_url", "kv_attention_backend", "cuda_graphs", "compile_cache_dir")
-        names += ("skip_baseline", "seed")
+        names += ("skip_baseline", "server_log", "seed")
         return run_llm_benchmark(LLMOptions(**{n: getattr(args, n) for n in names}))
     if args.benchmark == "step":
         from mstar.bench.step import StepOptions, run_step_benchmark

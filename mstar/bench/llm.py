@@ -1,7 +1,7 @@
 """`mstar bench llm`: LLM serving against transformers' batched generate, in one run.
 
-1. Boots our server in this process (random weights of the named Qwen3 size, on the GPU), unless
-   --base-url names a running one.
+1. Boots `mstar serve` in a process of its own (random weights of the named Qwen3 size, on the GPU),
+   unless --base-url names a running one.
 2. Closed loop at each concurrency: streaming /v1/completions, P-token prompts (random ids), exactly
    O output tokens (EOS ignored), greedy: output tokens/s, TTFT p50/p99, TPOT p50.
 3. Prefix cache: TTFT of a request with a fresh S-token system prompt (a miss) and of the next one
@@ -16,6 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -42,6 +48,7 @@ class LLMOptions:
     compile_cache_dir: str | None = None
     copy_bytes_per_s: float = H200_COPY_BYTES_PER_S
     skip_baseline: bool = False
+    server_log: str | None = None  # the local server's log (default: this process's stderr)
     seed: int = 0
     request_timeout_s: float = 600.0
 
@@ -52,34 +59,50 @@ def num_requests(concurrency: int) -> int:
 
 
 @contextlib.contextmanager
-def local_server(options: LLMOptions) -> Iterator[tuple[str, float]]:
-    """Our server on a free port in this process; yields (base URL, seconds to ready)."""
-    import uvicorn
-
-    from mstar.api.app import create_app
-    from mstar.config import ServerConfig
+def local_server(options: LLMOptions, log_path: str | None = None) -> Iterator[tuple[str, float]]:
+    """`mstar serve` in a process of its own (the load client must not share its interpreter) on a
+    free port; yields (base URL, seconds to ready). Its log goes to `log_path` (else stderr)."""
+    import yaml
 
     top = max(options.concurrency)
-    config = ServerConfig(
-        model=options.model, random_weights=True, device=options.device, max_concurrent_requests=2 * top,
-        max_queue_size=4096, max_num_seqs=top, request_timeout_s=options.request_timeout_s,
-        kv_attention_backend=options.kv_attention_backend, cuda_graphs=options.cuda_graphs,
-        compile_cache_dir=options.compile_cache_dir,
-    )  # fmt: skip
+    config = {
+        "model": options.model, "random_weights": True, "device": options.device, "port": 0,
+        "max_concurrent_requests": 2 * top, "max_queue_size": 4096, "max_num_seqs": top,
+        "request_timeout_s": options.request_timeout_s, "kv_attention_backend": options.kv_attention_backend,
+        "cuda_graphs": options.cuda_graphs, "compile_cache_dir": options.compile_cache_dir,
+    }  # fmt: skip
     started = time.monotonic()
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="bench-llm-server", daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the server did not start (see the log above)")
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", time.monotonic() - started
-    finally:
-        server.should_exit = True
-        thread.join(timeout=120)
+    with tempfile.TemporaryDirectory() as folder:
+        config_path = os.path.join(folder, "server.yaml")
+        with open(config_path, "w") as handle:
+            yaml.safe_dump(config, handle)
+        log = open(log_path, "w") if log_path else None  # noqa: SIM115 (closed below)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "mstar.cli", "serve", "--config", config_path],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+        )  # fmt: skip
+        try:
+            base_url = _announced_url(server)
+            yield base_url, time.monotonic() - started
+        finally:
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                server.kill()
+            if log is not None:
+                log.close()
+
+
+def _announced_url(server: subprocess.Popen) -> str:
+    """The URL in `mstar serve`'s "serving ... on http://HOST:PORT" line (printed once ready)."""
+    for line in server.stdout:
+        match = re.search(r"on (http://[\d.]+:\d+)", line)
+        if "serving" in line and match:
+            drain = threading.Thread(target=server.stdout.read, name="server-stdout", daemon=True)
+            drain.start()  # nothing blocks on a full pipe later
+            return match.group(1)
+    raise RuntimeError(f"the server exited (status {server.wait()}) before serving; see its log")
 
 
 def decode_floor(config: Any, context_tokens: int, copy_bytes_per_s: float) -> dict[str, float]:
@@ -130,7 +153,7 @@ def run_llm_benchmark(options: LLMOptions) -> dict[str, Any]:
     if options.base_url is not None:
         result.update(asyncio.run(_serve_phases(options, options.base_url, config.vocab_size)))
     else:
-        with local_server(options) as (base_url, boot_s):
+        with local_server(options, options.server_log) as (base_url, boot_s):
             result["boot_s"] = round(boot_s, 1)
             result.update(asyncio.run(_serve_phases(options, base_url, config.vocab_size)))
     floor = decode_floor(config, options.prompt_tokens + options.output_tokens // 2, options.copy_bytes_per_s)

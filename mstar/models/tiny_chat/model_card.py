@@ -84,7 +84,9 @@ def accuracy_rows(batch: list[Problem], replies: list[str], drawn: set) -> list[
         seen = "drawn in training" if _key(problem) in drawn else "never drawn in training"
         for name in ("all", seen, "addition" if problem.op == "+" else "subtraction", digits(problem)):
             groups.setdefault(name, []).append(right)
-    return [(name, len(r), sum(r) / len(r)) for name, r in groups.items()]
+    first = ["all", "never drawn in training", "drawn in training", "addition", "subtraction"]
+    names = [n for n in first if n in groups] + sorted(n for n in groups if n not in first)
+    return [(name, len(groups[name]), sum(groups[name]) / len(groups[name])) for name in names]
 
 
 def main() -> int:
