@@ -50,14 +50,16 @@ def run_backend(name: str, heads: PagedHeads, layout: PagedLayout, graph_rows=No
         )
         for _ in range(2)
     )
-    reference = build_paged_attention(pool, heads, "torch")
-    reference.plan(layout)
-    expected = reference.forward(0, q.float(), k, v).float()  # writes the step's keys, then attends
     attention = build_paged_attention(pool, heads, name, cuda_graphs=graph_rows is not None)
     planned = attention.plan(layout, graph_rows=graph_rows)
     pad = planned.total_q - layout.total_q
-    q, k, v = (torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) for t in (q, k, v))
-    out = attention.forward(0, q, k, v)[: layout.total_q].float()
+    padded = [torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) for t in (q, k, v)]
+    out = attention.forward(0, *padded)[: layout.total_q].float()  # stores the step's keys, attends
+    from mstar.engine.kv.backends.torch_paged import TorchPagedBackend
+
+    reference = TorchPagedBackend(pool.device, heads).make_wrapper(captured=False)
+    reference.plan(layout)
+    expected = reference.run_paged(q.float(), pool, 0)  # float32 over the same (bf16) pool
     return float((out - expected).norm() / expected.norm())
 
 
