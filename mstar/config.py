@@ -116,6 +116,21 @@ class ServerConfig(BaseModel):
     # overlaps the decode (False: the clip is muxed whole once decoded; to A/B)
     stream_video_frames: bool = True
 
+    # Text models (LLM serving): the paged KV pool, sized at boot from the memory left after the
+    # weights and the workspace (kv_pool_pages pages when set, else kv_cache_memory_fraction of it),
+    # and continuous batching (at most max_num_seqs sequences and max_num_batched_tokens tokens a
+    # step; max_model_len None: the model's context length). Decode steps replay CUDA graphs of
+    # up to max_num_seqs rows when cuda_graphs is on. FlashInfer builds its kernels at boot, under
+    # compile_cache_dir/flashinfer when that is set.
+    kv_page_tokens: int = Field(16, ge=1, le=1024)
+    kv_cache_memory_fraction: float = Field(0.85, gt=0, le=1)
+    kv_pool_pages: int | None = Field(None, ge=1)
+    kv_attention_backend: Literal["auto", "flashinfer", "fa3", "torch"] = "auto"
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = Field(128, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_model_len: int | None = Field(None, ge=2)
+
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:
