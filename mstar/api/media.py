@@ -19,6 +19,9 @@ IMAGE_MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/we
 VIDEO_MEDIA_TYPE = "video/mp4"
 # Uploaded reference images are bounded before decoding (decompression-bomb guard).
 MAX_UPLOAD_PIXELS = 4096 * 4096
+# The only decoders an upload reaches: Pillow would otherwise try each of its ~40 plugins (PSD,
+# TIFF, EPS, ...), each an attack surface for a format the API does not take.
+UPLOAD_FORMATS = ("PNG", "JPEG", "WEBP")
 
 
 def _as_uint8_frames(frames: Any) -> Any:
@@ -296,14 +299,15 @@ def decode_mp4_audio(data: bytes) -> tuple[Any, int]:
 
 
 def decode_image(data: bytes, param: str = "input_reference") -> Any:
-    """Uploaded image bytes (PNG/JPEG/WEBP/...) to uint8 RGB [H, W, 3]; InvalidParam when unreadable."""
+    """Uploaded PNG, JPEG or WebP bytes to uint8 RGB [H, W, 3]; InvalidParam for any other format
+    (never handed to another decoder) or an unreadable image."""
     import numpy as np
     from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise InvalidParam(param, "the image is empty")
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(data), formats=UPLOAD_FORMATS) as image:
             width, height = image.size
             if width * height > MAX_UPLOAD_PIXELS:
                 raise InvalidParam(
@@ -313,8 +317,12 @@ def decode_image(data: bytes, param: str = "input_reference") -> Any:
             rgb.load()
     except InvalidParam:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-        raise InvalidParam(param, "could not decode the image (use PNG, JPEG or WEBP)") from error
+    except UnidentifiedImageError as error:
+        raise InvalidParam(
+            param, "the image is not a PNG, JPEG or WebP file (the formats accepted)"
+        ) from error
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise InvalidParam(param, "could not decode the image (use PNG, JPEG or WebP)") from error
     return np.asarray(rgb, dtype=np.uint8)
 
 

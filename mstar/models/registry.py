@@ -14,6 +14,12 @@ MODELS: dict[str, str] = {
     "tiny-digits": "mstar.models.tiny_digits.model:TinyDigitsSpec",
     "wan2.2-ti2v-5b": "mstar.models.wan22.model:Wan22Spec",
     "z-image-turbo": "mstar.models.zimage.model:ZImageSpec",
+    "tiny-chat": "mstar.models.tiny_chat.model:TinyChatSpec",
+    "qwen3": "mstar.models.qwen3.model:Qwen3Spec",
+    "qwen3-0.6b": "mstar.models.qwen3.model:Qwen3_0_6BSpec",
+    "qwen3-1.7b": "mstar.models.qwen3.model:Qwen3_1_7BSpec",
+    "qwen3-4b": "mstar.models.qwen3.model:Qwen3_4BSpec",
+    "qwen3-8b": "mstar.models.qwen3.model:Qwen3_8BSpec",
 }
 
 

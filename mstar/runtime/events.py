@@ -4,10 +4,11 @@ stream, then exactly one Done or Failed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-FAILURE_KINDS = ("error", "aborted", "timeout", "worker_died", "out_of_memory")
+FAILURE_KINDS = ("error", "aborted", "shutdown", "timeout", "worker_died", "out_of_memory")
 
 
 @dataclass(frozen=True)
@@ -18,11 +19,12 @@ class Progress:
 
 @dataclass(frozen=True)
 class Piece:
-    """The next piece (axis 0, in order) of a streamed output: a clip's frames as they are decoded."""
+    """The next piece (axis 0, in order) of a streamed output: a clip's frames as they are decoded,
+    or a JSON-able value a node sent inline (a text model's tokens of one step)."""
 
     key: str
     index: int
-    value: np.ndarray
+    value: np.ndarray | Any
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,16 @@ class OutputPiece(msgspec.Struct, tag=True, frozen=True):
     piece: TensorRef
 
 
+class InlinePiece(msgspec.Struct, tag=True, frozen=True):
+    """A small JSON-able piece of a final output, carried in the message itself (a text model's
+    tokens of one step): same order and count rules as OutputPiece, no shared-memory segment."""
+
+    rid: str
+    key: str
+    index: int  # 0, 1, ... per key
+    value: Any
+
+
 class RequestError(msgspec.Struct, tag=True, frozen=True):
     rid: str
     message: str
@@ -117,6 +127,7 @@ class NodeEvents(msgspec.Struct, tag=True, frozen=True):
 
     node: str
     increments: dict[str, int]
+    gauges: dict[str, float] = {}  # the node's current levels (Node.gauges) when they changed
 
 
 # ---- conductor -> worker -------------------------------------------------------------------
@@ -187,6 +198,7 @@ Message = (
     | StepProgress
     | WalkDone
     | OutputPiece
+    | InlinePiece
     | RequestError
     | StepStats
     | Recompiles

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_cached_memory
-from mstar.graph import Loop, ModelSpec, Node, Parallel, RequestState, Stage, stage_nodes
+from mstar.graph import Loop, ModelSpec, Node, Parallel, Stage, stage_nodes
 from mstar.runtime import messages as m
+from mstar.runtime.node_calls import event_counts_of, gauges_of, recompiles_of, step_cost_of
 from mstar.runtime.node_profile import NodeProfiler
 from mstar.runtime.output_pieces import num_pieces_sent, piece_sender
 from mstar.runtime.requests import RequestTable, WorkerRequest
@@ -38,6 +39,7 @@ class NodeQueue:
     waiting: dict[str, None] = field(default_factory=dict)  # rids in arrival (round-robin) order
     num_recompiles: int = 0
     event_counts: dict[str, int] = field(default_factory=dict)  # as last reported
+    gauges: dict[str, float] = field(default_factory=dict)  # as last reported
 
 
 class StepLoop:
@@ -59,7 +61,7 @@ class StepLoop:
         self.to_conductor = to_conductor
         self.peers = peers
         self.queues = {
-            name: NodeQueue(node, num_recompiles=_recompiles(node)) for name, node in nodes.items()
+            name: NodeQueue(node, num_recompiles=recompiles_of(node)) for name, node in nodes.items()
         }
         self.table = RequestTable(on_release=self._release_nodes, released=released)
         self.step_timer = StepTimer()
@@ -279,7 +281,7 @@ class StepLoop:
 
     def _run_batch(self, queue: NodeQueue, batch: list[WorkerRequest]) -> None:
         node = queue.node
-        cost = sum(_safe_cost(node, r.state) for r in batch)
+        cost = sum(step_cost_of(node, r.state) for r in batch)
         timing = self.step_timer.start()
         host_started = time.perf_counter()
         with self.profiler.around(node.name):
@@ -297,7 +299,7 @@ class StepLoop:
         self.tracer.after_forward(node.name, [r.state for r in batch])
         self.step_timer.bound_in_flight(MAX_STEPS_IN_FLIGHT)
         self.report_step_times()
-        self._report_recompiles(queue)
+        self._reportrecompiles_of(queue)
         self._report_events(queue)
         for request in batch:
             if isinstance(self._stage(request), Loop):
@@ -327,8 +329,8 @@ class StepLoop:
         else:
             queue.waiting[request.rid] = None  # back of the queue: round-robin under the caps
 
-    def _report_recompiles(self, queue: NodeQueue) -> None:
-        count = _recompiles(queue.node)
+    def _reportrecompiles_of(self, queue: NodeQueue) -> None:
+        count = recompiles_of(queue.node)
         if count > queue.num_recompiles:
             log.warning(
                 "%s recompiled %d time(s) while serving", queue.node.name, count - queue.num_recompiles
@@ -337,12 +339,14 @@ class StepLoop:
             queue.num_recompiles = count
 
     def _report_events(self, queue: NodeQueue) -> None:
-        counts = _event_counts(queue.node)
+        counts = event_counts_of(queue.node)
         increments = {name: n - queue.event_counts.get(name, 0) for name, n in counts.items()}
         increments = {name: n for name, n in increments.items() if n > 0}
-        if increments:
-            self.to_conductor(m.NodeEvents(queue.node.name, increments))
-            queue.event_counts = counts
+        gauges = gauges_of(queue.node)
+        changed = gauges if gauges != queue.gauges else {}
+        if increments or changed:
+            self.to_conductor(m.NodeEvents(queue.node.name, increments, changed))
+            queue.event_counts, queue.gauges = counts, gauges
 
     # ---- endings -------------------------------------------------------------------------
 
@@ -361,6 +365,7 @@ class StepLoop:
                 self.queues[name].node.release(request.state)
             except Exception:
                 log.exception("%s.release failed for %s", name, request.state.request_id)
+            self._report_events(self.queues[name])  # levels change without a step (pages given back)
 
     def release_all(self) -> None:
         for rid in list(self.table.rids()):
@@ -376,24 +381,3 @@ def _run_forward(node: Node, batch: list[WorkerRequest]) -> tuple[str, bool] | N
         log.exception("%s.forward failed for %d request(s)", node.name, len(batch))
         return str(exc), is_out_of_memory(exc)
     return None
-
-
-def _recompiles(node: Node) -> int:
-    try:
-        return int(node.num_recompiles())
-    except Exception:
-        return 0
-
-
-def _event_counts(node: Node) -> dict[str, int]:
-    try:
-        return {str(name): int(count) for name, count in node.event_counts().items()}
-    except Exception:
-        return {}
-
-
-def _safe_cost(node: Node, state: RequestState) -> int:
-    try:
-        return int(node.step_cost(state))
-    except Exception:
-        return 0
