@@ -49,31 +49,33 @@ class ProgressBars:
 
 
 def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    from mstar.config import ServerConfig
+    from mstar.config_flags import add_config_flags
+
     parser.add_argument("--config", metavar="FILE.yaml", help="server config (flags override its keys)")
-    parser.add_argument("--model-path", help="checkpoint folder in the diffusers layout")
-    parser.add_argument(
-        "--random-weights", action="store_true", default=None, help="seeded random weights (benchmarks)"
-    )
-    parser.add_argument("--device", help="cpu, cuda or cuda:N")
-    parser.add_argument("--attention-backend", choices=["auto", "fa3", "flashinfer", "torch"])
-    parser.add_argument("--compile-mode", choices=["deterministic", "default", "max-autotune", "off"])
+    add_config_flags(parser, ServerConfig)
+
+
+def _model_help() -> str:
+    from mstar.models.registry import DEFAULT_MODEL, model_names
+
+    return f"model name, one of {', '.join(model_names())} (default: the config's, else {DEFAULT_MODEL})"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mstar import __version__
+
     parser = argparse.ArgumentParser(prog="mstar", description="Serve composite generative models.")
+    parser.add_argument("--version", action="version", version=f"mstar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="start the HTTP server")
-    serve.add_argument("model", nargs="?", help="model name (default: the config's, else tiny-digits)")
+    serve = commands.add_parser("serve", help="start the HTTP server (Ctrl-C or SIGTERM stops it)")
+    serve.add_argument("model_name", nargs="?", metavar="MODEL", help=_model_help())
     _add_runtime_flags(serve)
-    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8000; 0 picks a free one)")
-    serve.add_argument("--api-key", help=f"guard /v1 and /generate (or set {API_KEY_ENV})")
     serve.set_defaults(handler=serve_command)
 
     generate = commands.add_parser("generate", help="run one job without an HTTP server")
-    generate.add_argument("model", help="model name")
-    _add_runtime_flags(generate)
+    generate.add_argument("model_name", metavar="MODEL", help=_model_help())
     generate.add_argument("--prompt", required=True)
     generate.add_argument(
         "-o", "--output", required=True, help="out.png|.jpg|.webp for images, out.mp4 for videos"
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--guidance-scale", type=float)
     generate.add_argument("--seed", type=int)
     generate.add_argument("--image", help="reference image for image-to-video")
+    _add_runtime_flags(generate)
     generate.set_defaults(handler=generate_command)
 
     commands.add_parser("bench", help="serving benchmarks (see `mstar bench --help`)", add_help=False)
@@ -94,18 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_server_config(args: argparse.Namespace) -> Any:
+    """The YAML (--config), then the config flags given, then the positional model name."""
     from mstar.config import load_config
+    from mstar.config_flags import config_overrides
 
-    overrides = {
-        "model": args.model,
-        "model_path": args.model_path,
-        "random_weights": args.random_weights,
-        "device": args.device,
-        "attention_backend": args.attention_backend,
-        "compile_mode": args.compile_mode,
-    }
-    if args.command == "serve":
-        overrides.update(host=args.host, port=args.port, api_key=args.api_key or os.environ.get(API_KEY_ENV))
+    overrides = config_overrides(args)
+    if args.model_name is not None:
+        overrides["model"] = args.model_name
+    if args.command == "serve" and "api_key" not in overrides:
+        overrides["api_key"] = os.environ.get(API_KEY_ENV)
     return load_config(args.config, **overrides)
 
 

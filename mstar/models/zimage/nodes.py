@@ -152,9 +152,7 @@ def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, No
         # Workspace and attention backend before any weights take memory; boot fails fast on a bad backend.
         attn = build_engine_resources(server, ctx.device, dtype).attention
     nodes: dict[str, Node] = {}
-    for index, name in enumerate(ctx.node_names):
-        if ctx.progress is not None:
-            ctx.progress(f"load {name}", index, len(ctx.node_names))
+    for name in ctx.node_names:
         if name == "text_encoder":
             nodes[name] = _text_node(config, ctx, model_path, dtype)
         elif name == "dit":
@@ -166,7 +164,10 @@ def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, No
 
 def _text_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
     folder = None if model_path is None else str(Path(model_path) / "text_encoder")
+    progress = ctx.progress or (lambda label, done, total: None)
+    progress("loading text_encoder", 0, 1)  # transformers loads it: one bar for the whole module
     model = build_qwen3(config.text_encoder, ctx.device, dtype, path=folder)
+    progress("loading text_encoder", 1, 1)
     tokenizer = load_tokenizer(model_path, config)
     encoder = PromptEncoder(
         model, tokenizer, ctx.device, config.max_sequence_length, cuda_graphs=ctx.config.cuda_graphs
