@@ -195,13 +195,13 @@ def configure_main_logging() -> None:
     """Show the runtime's INFO lines (boot timings, warmup progress) on stderr, formatted like the
     workers' lines. Only the "mstar" loggers: the root logger and uvicorn keep their own levels."""
     logger = logging.getLogger("mstar")
+    logger.setLevel(os.environ.get("MSTAR_LOG_LEVEL", "INFO"))
     if any(handler.get_name() == MAIN_LOG_HANDLER for handler in logger.handlers):
         return  # a second serve in the same process must not print every line twice
     handler = _CurrentStderrHandler()
     handler.set_name(MAIN_LOG_HANDLER)
     handler.setFormatter(logging.Formatter("%(asctime)s main %(levelname)s %(name)s: %(message)s"))
     logger.addHandler(handler)
-    logger.setLevel(os.environ.get("MSTAR_LOG_LEVEL", "INFO"))
 
 
 def serve_command(args: argparse.Namespace) -> int:

@@ -91,11 +91,10 @@ def test_compiles_on_the_compile_thread_are_not_recompiles(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_a_static_shape_function_keeps_more_graphs_than_dynamos_default(monkeypatch):
+def test_a_static_shape_function_keeps_more_graphs_than_dynamos_default():
     import torch._dynamo.config as dynamo_config
 
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(dynamo_config, limit, 2)
     torch._dynamo.reset()
     graphs = []
     compiled = CompiledFunction(
@@ -105,7 +104,8 @@ def test_a_static_shape_function_keeps_more_graphs_than_dynamos_default(monkeypa
         dynamic=False,
         backend=lambda gm, inputs: graphs.append(1) or gm.forward,
     )
-    for size in range(1, 7):
-        compiled(torch.randn(size))
-    assert len(graphs) == 6  # one per size, past dynamo's limit of 2
+    with dynamo_config.patch({limit: 2}):
+        for size in range(1, 7):
+            compiled(torch.randn(size))
+    assert len(graphs) == 6  # one per size, past a limit of 2
     torch._dynamo.reset()
