@@ -26,7 +26,11 @@ class _ExtendSplit(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         items = list(getattr(namespace, self.dest) or [])
-        items.extend(self.type_of_item(part.strip()) for part in values.split(",") if part.strip())
+        for part in (part.strip() for part in values.split(",")):
+            try:
+                items.extend([self.type_of_item(part)] if part else [])
+            except ValueError as error:
+                raise argparse.ArgumentError(self, f"invalid value {part!r}: {error}") from error
         setattr(namespace, self.dest, items)
 
 

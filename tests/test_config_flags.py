@@ -76,6 +76,9 @@ def test_a_bad_flag_value_is_refused_by_argparse(capsys):
     with pytest.raises(SystemExit):
         _parse(_ExtendedConfig, ["--section", "{not json"])
     assert "not JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parse(_ExtendedConfig, ["--kv-page-sizes", "16,big"])
+    assert "--kv-page-sizes: invalid value 'big'" in capsys.readouterr().err
 
 
 def test_flags_override_the_yaml_and_the_positional_model_wins(tmp_path, monkeypatch):
