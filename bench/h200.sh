@@ -8,6 +8,8 @@
 #                                             per minute at c=N, peak GiB, the first request at a
 #                                             size not compiled at warmup against its steady one,
 #                                             recompiles in traffic                       ~8 / ~5 min
+#   bash bench/h200.sh parity wan|zimage      our nodes against the pipeline on one folder it wrote
+#                                             (random weights): frames PSNR before any encoding   ~5 min
 #   bash bench/h200.sh all                    every phase above, one after another
 # then, where the results came back:
 #   mstar bench report bench-results/bench    (rewrites docs/benchmarks.md's tables from the JSON)
@@ -29,7 +31,7 @@
 set -uo pipefail
 
 PYTHON=${PYTHON:-python3}
-phase=${1:?usage: bash bench/h200.sh baseline|step|serve|all [wan|zimage] | wheels baseline|step|serve}
+phase=${1:?usage: bash bench/h200.sh baseline|step|parity|serve|all [wan|zimage] | wheels PHASE}
 model=${2:-}
 
 server_deps() {  # the server's pure-Python requirements, pinned as this machine's environment has them
@@ -37,11 +39,11 @@ server_deps() {  # the server's pure-Python requirements, pinned as this machine
 }
 
 if [ "$phase" = wheels ]; then
-  case "${model:?wheels baseline|step|serve}" in
+  case "${model:?wheels baseline|step|parity|serve}" in
     baseline) reqs=(diffusers==0.42.1 importlib_metadata) ;;
-    step) reqs=(diffusers==0.42.1 importlib_metadata fa3-fwd==0.0.3) ;;
+    step | parity) reqs=(diffusers==0.42.1 importlib_metadata fa3-fwd==0.0.3) ;;
     serve) reqs=(fa3-fwd==0.0.3 av==19.0.2) ;;
-    *) echo "wheels: baseline, step or serve" >&2; exit 2 ;;
+    *) echo "wheels: baseline, step, parity or serve" >&2; exit 2 ;;
   esac
   mapfile -t pinned < <(server_deps)
   download=$(mktemp -d) staging=$(mktemp -d)
@@ -117,6 +119,19 @@ step() {  # step wan|zimage: our DiT (deterministic) against diffusers' eager an
     --diffusers-modes eager,compiled --num-warmup 3 --num-timed 10 -o "$out/step-$1.json"
 }
 
+parity() {  # parity wan|zimage: the pipeline's folder (real config, random weights) and our nodes on it
+  require diffusers accelerate
+  local served
+  case "$1" in
+    wan) served=wan2.2-ti2v-5b ;;
+    zimage) served=z-image-turbo ;;
+    *) echo "parity: wan or zimage" >&2; return 2 ;;
+  esac
+  start_budget
+  guarded "parity-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench parity "$served" --device cuda \
+    -o "$out/parity-$1.json"
+}
+
 ready() { "$PYTHON" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
 
 server_pid=""
@@ -175,7 +190,8 @@ case "$phase" in
   baseline) baseline "$model" ;;
   step) step "${model:?step wan|zimage}" ;;
   serve) serve "${model:?serve wan|zimage}" ;;
-  all) baseline && step wan && step zimage && serve wan && serve zimage ;;
+  parity) parity "${model:?parity wan|zimage}" ;;
+  all) baseline && step wan && step zimage && parity wan && parity zimage && serve wan && serve zimage ;;
   *) echo "unknown phase '$phase'" >&2; exit 2 ;;
 esac
 status=$?

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
 SIZE_PATTERN = re.compile(r"^\d+x\d+(x\d+)?$")
+HOST_NAME_PATTERN = re.compile(r"^(\*|(\*\.)?[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])$")
+PUBLIC_URL_PATTERN = re.compile(r"^https?://[^/?#\s]+(/[^?#\s]*)?$")
 
 
 def check_device(value: str) -> str:
@@ -49,8 +51,43 @@ class ServerConfig(BaseModel):
 
     host: str = Field("127.0.0.1", description="bind address")
     port: int = Field(8000, ge=0, le=65535, description="port; 0 picks a free one")
-    api_key: str | None = Field(None, description="guards /v1 and /generate (or set MSTAR_API_KEY)")
+    api_key: str | None = Field(
+        None,
+        description="guards /v1 and /generate (prefer the MSTAR_API_KEY environment variable: a flag shows in the process list)",
+    )
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest request body (413 above)")
+    allowed_hosts: list[str] = Field(
+        [],
+        description="Host names the Host header may carry besides the loopback ones and public_url's "
+        "(others: 400, against DNS rebinding); '*' accepts any; with none, a server bound to loopback "
+        "accepts only loopback names and one bound elsewhere any. Origin headers of state-changing "
+        "requests must match the Host header or name one of these (else 403)",
+    )
+    public_url: str | None = Field(
+        None,
+        description="where clients reach the server ('https://api.example.com'): the base of "
+        "response_format=url links; unset: the address the request came in on (never the Host header)",
+    )
+    max_connections: int = Field(
+        512, ge=1, description="connections open at most (more are answered 503 and closed)"
+    )
+    idle_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="a connection without a request this long is closed (before the first and between)",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="408 and closed when a request's headers take longer from its first byte"
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="408 and closed when the body takes longer after them"
+    )
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="on SIGTERM or SIGINT: how long requests in flight get to finish (then a 503) before "
+        "the workers stop and the process exits 0",
+    )
 
     node_groups: list[NodeGroup] = Field(
         [],
@@ -66,6 +103,14 @@ class ServerConfig(BaseModel):
     request_timeout_s: float = Field(1800.0, gt=0, description="a request running longer fails (504)")
     job_ttl_s: float = Field(3600.0, gt=0, description="how long a finished video job and its media stay")
     worker_restart: bool = Field(True, description="restart a worker process that died")
+    heartbeat_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="workers heartbeat this often; one that missed two is stalled (/ready 503, new requests 503)",
+    )
+    heartbeat_timeout_s: float = Field(
+        30.0, gt=0, description="a worker silent this long is killed (its requests fail) and restarted"
+    )
 
     attention_backend: Literal["auto", "fa3", "flashinfer", "torch"] = Field(
         "auto", description="auto: FA3 on Hopper, then FlashInfer, then PyTorch"
@@ -133,6 +178,27 @@ class ServerConfig(BaseModel):
             if not SIZE_PATTERN.match(size):
                 raise ValueError(f"compile_sizes entries are 'WxH' or 'WxHxFRAMES', got '{size}'")
         return sizes
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if not HOST_NAME_PATTERN.match(host):
+                raise ValueError(f"allowed_hosts entries are host names without scheme or port, got '{host}'")
+        return [host.lower().rstrip(".") for host in hosts]
+
+    @field_validator("public_url")
+    @classmethod
+    def _check_public_url(cls, url: str | None) -> str | None:
+        if url is not None and not PUBLIC_URL_PATTERN.match(url):
+            raise ValueError(f"public_url must be an http:// or https:// URL, got '{url}'")
+        return None if url is None else url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_heartbeats(self) -> ServerConfig:
+        if self.heartbeat_timeout_s <= 3 * self.heartbeat_interval_s:
+            raise ValueError("heartbeat_timeout_s must be above 3 heartbeat_interval_s")
+        return self
 
     @model_validator(mode="after")
     def _check_groups(self) -> ServerConfig:

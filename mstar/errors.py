@@ -31,7 +31,7 @@ class Overloaded(RuntimeError):
 
 class RequestFailed(RuntimeError):
     """A request failed inside the runtime. The client sees a generic message; the log has details.
-    `kind` is one of "error", "aborted", "timeout", "worker_died", "out_of_memory"."""
+    `kind` is one of "error", "aborted", "shutdown", "timeout", "worker_died", "out_of_memory"."""
 
     def __init__(self, message: str = "request failed", kind: str = "error"):
         super().__init__(message)

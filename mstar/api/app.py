@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from mstar.api import routes_images, routes_native, routes_ops, routes_videos
 from mstar.api.errors import install_error_handlers
+from mstar.api.hosts import HostOriginMiddleware, HostPolicy
 from mstar.api.media import warm_up_encoders
 from mstar.api.metrics import PrometheusMetrics
 from mstar.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware
@@ -84,7 +85,11 @@ def create_app(
     install_error_handlers(app)
     for module in (routes_ops, routes_images, routes_videos, routes_native):
         app.include_router(module.router)
-    # Added last = outermost: the key is checked before any body is read.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes)
+    # Added last = outermost: Host and Origin first, then the key, both before any body is read.
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s
+    )
     app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    policy = HostPolicy(config.host, config.allowed_hosts, config.public_url)
+    app.add_middleware(HostOriginMiddleware, policy=policy)
     return app

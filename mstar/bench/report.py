@@ -87,6 +87,7 @@ def diffusers_table(result: dict[str, Any]) -> str:
 
 
 def result_markdown(result: dict[str, Any]) -> str:
+    from mstar.bench.parity import parity_table
     from mstar.bench.suite_report import suite_table
 
     tables = {
@@ -94,6 +95,7 @@ def result_markdown(result: dict[str, Any]) -> str:
         "step": step_table,
         "diffusers": diffusers_table,
         "serve-suite": suite_table,
+        "parity": parity_table,
     }
     table = tables[result["benchmark"]](result)
     notes = "".join(f"\n- {note}" for note in result.get("notes", []))
@@ -135,7 +137,8 @@ def load_results(paths: list[Path]) -> list[dict[str, Any]]:
     return [
         r
         for r in results
-        if isinstance(r, dict) and r.get("benchmark") in ("serve", "step", "diffusers", "serve-suite")
+        if isinstance(r, dict)
+        and r.get("benchmark") in ("serve", "step", "diffusers", "serve-suite", "parity")
     ]
 
 

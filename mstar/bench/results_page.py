@@ -18,6 +18,7 @@ END_MARKER = "<!-- results: end -->"
 
 @dataclass(frozen=True)
 class ModelRows:
+    name: str  # the served model's name (`mstar bench parity`'s model)
     title: str
     serve: str  # the serve-suite's workload name
     pipeline: str  # `mstar bench diffusers` workload
@@ -26,12 +27,14 @@ class ModelRows:
 
 MODELS = (
     ModelRows(
+        "wan2.2-ti2v-5b",
         "Wan2.2-TI2V-5B, text to video: 832x480, 33 frames, 50 steps, guidance 5",
         serve="wan-480p-t2v",
         pipeline="wan-480p-t2v",
         steps={"wan-480p-cfg": "832x480x33 (guidance pair)", "wan-720p-b1": "1280x704x121"},
     ),
     ModelRows(
+        "z-image-turbo",
         "Z-Image-Turbo, text to image: 1024x1024, 9 steps",
         serve="zimage-1024",
         pipeline="zimage-1024",
@@ -77,6 +80,25 @@ def _first_over_steady(first_s: float | None, steady_s: float | None) -> str:
     return f"{first_s / steady_s:.2f}x ({first_s:.2f} s / {steady_s:.2f} s)"
 
 
+def _parity(results: list[dict], name: str) -> dict:
+    runs = [r for r in results if r.get("benchmark") == "parity"]
+    return next(
+        (r for r in runs if (r.get("options") or {}).get("model") == name and not r["options"].get("tiny")),
+        {},
+    )
+
+
+def _parity_rows(results: list[dict], name: str) -> list[tuple[str, str, str, str]]:
+    """Frames against the pipeline's on one folder (before any encoding), beside the pipeline
+    against itself with other attention kernels."""
+    rows = []
+    for row in _parity(results, name).get("rows", []):
+        if row.get("quantity") == "frames":
+            rows.append((f"frames PSNR against diffusers', {row['case']}", _fmt(row.get("ours"), 1, " dB"),
+                         f"{_fmt(row.get('yardstick'), 1, ' dB')} against itself ({row.get('yardstick_how', '-')})", "-"))  # fmt: skip
+    return rows
+
+
 def model_rows(model: ModelRows, results: list[dict]) -> list[tuple[str, str, str, str]]:
     """(metric, mstar, diffusers eager, diffusers compiled) of one model."""
     rows = []
@@ -92,6 +114,7 @@ def model_rows(model: ModelRows, results: list[dict]) -> list[tuple[str, str, st
         if ours.get("rel_error") is not None:
             parity = f"{_fmt(ours.get('psnr_db'), 1, ' dB')}, rel. error {ours['rel_error']:.1e}"
             rows.append((f"DiT output against diffusers', {label}", parity, "reference", "-"))
+    rows += _parity_rows(results, model.name)
     suite = _suite(results, model.serve)
     summary = suite.get("summary", {})
     high = (suite.get("options") or {}).get("high_concurrency")
@@ -137,6 +160,8 @@ def _used(model: ModelRows, results: list[dict]) -> list[dict]:
             return any(e.get("workload") in model.steps for e in result["results"])
         if name == "diffusers":
             return any(run.get("workload") == model.pipeline for run in result["results"])
+        if name == "parity":
+            return result is _parity(results, model.name)
         return name == "serve-suite" and result.get("workload") == model.serve
 
     return [result for result in results if uses(result)]

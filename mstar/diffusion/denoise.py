@@ -12,7 +12,8 @@ A model supplies:
     # the final latents land in request.tensors[node.output_tensor] (or the `finish` hook's choice).
 
 With guidance each request contributes two items, labels "cond" and "uncond", combined per request
-by `combine_guidance` (default: uncond + scale * (cond - uncond), as Wan and most pipelines do).
+by `combine_guidance` (default: uncond + scale * (cond - uncond), as Wan and most pipelines do), in
+the dtype the denoiser returns; the sampler gets that tensor and promotes it as diffusers does.
 """
 
 from __future__ import annotations
@@ -166,9 +167,11 @@ class DenoiseNode(Node):
         outputs = iter(self.denoiser.predict(items))
         for request, state in zip(batch, states, strict=True):
             per_label = {label: next(outputs) for label in state.labels}
-            guided = per_label[COND].float()
+            # In the denoiser's output dtype (bf16 for a bf16 DiT): the pipelines guide and hand the
+            # scheduler that tensor, and its rounding is part of what they compute.
+            guided = per_label[COND]
             if UNCOND in per_label:
-                guided = self._combine(guided, per_label[UNCOND].float(), state.guidance_scale)
+                guided = self._combine(guided, per_label[UNCOND], state.guidance_scale)
             state.latents = state.sampler.step(guided, state.latents)
             if state.sampler.done:
                 self._store(request, state)

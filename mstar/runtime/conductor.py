@@ -32,7 +32,7 @@ from mstar.runtime.tensors import export_tensors, import_outputs
 
 MAX_WALKS_PER_REQUEST = 256  # a model whose next_walk never returns None must not spin forever
 MAX_REMEMBERED_ENDINGS = 4096
-OUTCOMES = {"aborted": "aborted", "timeout": "timeout"}
+OUTCOMES = {"aborted": "aborted", "shutdown": "aborted", "timeout": "timeout"}
 
 log = logging.getLogger("mstar.runtime")
 
@@ -126,8 +126,8 @@ class Conductor:
             if not self.config.worker_restart:
                 self.fail_waiting("a worker is down and restarts are off", "worker_died")
             return
-        if not self.pool.peers_settled:
-            return  # the last PeersKnown admits them
+        if not self.pool.peers_settled or self.pool.any_stalled:
+            return  # the last PeersKnown, or the stalled worker's next heartbeat, admits them
         while self.waiting and len(self.running) < self.config.max_concurrent_requests:
             job = self.jobs[self.waiting.popleft()]
             self.running.add(job.rid)

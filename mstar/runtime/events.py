@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FAILURE_KINDS = ("error", "aborted", "timeout", "worker_died", "out_of_memory")
+FAILURE_KINDS = ("error", "aborted", "shutdown", "timeout", "worker_died", "out_of_memory")
 
 
 @dataclass(frozen=True)

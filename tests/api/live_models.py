@@ -66,6 +66,26 @@ class LiveVideoSpec(_LiveNodes, FakeVideoSpec):
         return resolved
 
 
+class SlowImageSpec(LiveImageSpec):
+    """0.1 s a step and up to 400 steps: requests that are still in flight when the test acts."""
+
+    name = "slow-image"
+    max_steps = 400
+
+    def validate(self, params: Any) -> dict[str, Any]:
+        resolved = super().validate(params)
+        resolved["step_sleep_s"] = 0.1
+        return resolved
+
+
+class SlowBootImageSpec(LiveImageSpec):
+    """Builds its nodes for a minute: a server stopped while it boots."""
+
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
+        time.sleep(60)
+        return super().build_nodes(ctx)
+
+
 class BrokenBootImageSpec(LiveImageSpec):
     """Fails in build_nodes the way an unusable attention backend does."""
 

@@ -166,3 +166,24 @@ def test_a_page_without_markers_is_left_alone(tmp_path, capsys):
 
 def test_report_without_results_fails(tmp_path):
     assert main(["report", str(tmp_path), "--doc", str(tmp_path / "doc.md")]) == 1
+
+
+def test_the_pipelines_frames_on_one_folder_join_the_models_table():
+    rows = [
+        {"quantity": "latents", "case": "50 steps", "metric": "rel err", "ours": 1e-3, "yardstick": 2e-3},
+        {"quantity": "frames", "case": "50 steps", "metric": "PSNR dB", "ours": 41.53, "yardstick": 44.0,
+         "yardstick_how": "reference, other SDPA kernels"},
+    ]  # fmt: skip
+    parity = {
+        "benchmark": "parity",
+        "options": {"model": "z-image-turbo", "tiny": False},
+        "rows": rows,
+        "env": ENV,
+    }
+    section = results_section([parity])
+    assert section.startswith("## Z-Image-Turbo")
+    assert (
+        "| frames PSNR against diffusers', 50 steps | 41.5 dB | 44.0 dB against itself "
+        "(reference, other SDPA kernels) | - |" in section
+    )
+    assert results_section([parity | {"options": {"model": "z-image-turbo", "tiny": True}}]).startswith("_No")

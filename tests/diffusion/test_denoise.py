@@ -108,3 +108,31 @@ def test_finish_hook_and_custom_guidance():
     request = _request("z", steps=1, guidance=2.0, sampler="euler")
     node.forward([request])  # prepare happens on first use too
     assert "latents" not in request.tensors and stored["z"].shape == (2, 3, 4)
+
+
+def test_a_bf16_denoiser_is_guided_and_stepped_in_bf16_as_the_pipeline_does():
+    """WanPipeline combines bf16 outputs in bf16 and hands them to UniPC as they are."""
+    import pytest
+
+    diffusers = pytest.importorskip("diffusers")
+    from tests.diffusion.test_samplers import WAN_UNIPC_CONFIG
+
+    class Bf16Denoiser:
+        def predict(self, items):
+            return [(torch.tanh(i.latents) * i.text + i.timestep / 1000).to(torch.bfloat16) for i in items]
+
+    node = DenoiseNode("dit", Bf16Denoiser(), start=_start, text=_text)
+    request = _request("a", steps=4, guidance=5.0, seed=3)
+    node.prepare(request)
+    while not node.check_stop(request):
+        node.forward([request])
+
+    scheduler = diffusers.UniPCMultistepScheduler.from_config(dict(WAN_UNIPC_CONFIG, flow_shift=3.0))
+    scheduler.set_timesteps(4)
+    latents = seeded_noise((2, 3, 4), 3)
+    for t in scheduler.timesteps:
+        cond = (torch.tanh(latents) * 2.0 + float(t) / 1000).to(torch.bfloat16)
+        uncond = (torch.tanh(latents) * -1.0 + float(t) / 1000).to(torch.bfloat16)
+        guided = uncond + 5.0 * (cond - uncond)  # bf16, as the pipeline computes it
+        latents = scheduler.step(guided, t, latents, return_dict=False)[0]
+    assert torch.equal(request.tensors["latents"], latents)

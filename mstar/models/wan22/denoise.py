@@ -18,7 +18,7 @@ from mstar.diffusion.noise import seeded_noise
 from mstar.diffusion.samplers import UniPCSampler
 from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
-from mstar.models.wan22.config import Wan22Config
+from mstar.models.wan22.config import Wan22Config, WanSchedulerConfig
 from mstar.models.wan22.dit import DiTInput, WanDiT
 from mstar.models.wan22.text_encoder import uses_guidance
 
@@ -39,6 +39,15 @@ def latent_shape(config: Wan22Config, params: dict[str, Any]) -> tuple[int, int,
         params["height"] // config.vae_scale_spatial,
         params["width"] // config.vae_scale_spatial,
     )
+
+
+def unipc_sampler(scheduler: WanSchedulerConfig, num_steps: int) -> UniPCSampler:
+    """The sampler the folder's scheduler config describes (WanPipeline's UniPC, flow sigmas)."""
+    return UniPCSampler(
+        num_steps, shift=scheduler.flow_shift, solver_order=scheduler.solver_order,
+        solver_type=scheduler.solver_type, lower_order_final=scheduler.lower_order_final,
+        disable_corrector=scheduler.disable_corrector, num_train_timesteps=scheduler.num_train_timesteps,
+    )  # fmt: skip
 
 
 def pad_text(text: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -93,7 +102,7 @@ class WanHooks:
         p_t, p_h, p_w = self.config.dit.patch_size
         return DenoiseStart(
             latents=seeded_noise(shape, params["seed"], device=self.device),
-            sampler=UniPCSampler(params["num_inference_steps"], shift=self.config.flow_shift),
+            sampler=unipc_sampler(self.config.scheduler, params["num_inference_steps"]),
             num_tokens=(shape[1] // p_t) * (shape[2] // p_h) * (shape[3] // p_w),
             guidance_scale=float(params["guidance_scale"]),
             use_guidance=uses_guidance(params),

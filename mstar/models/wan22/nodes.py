@@ -12,7 +12,7 @@ import torch
 
 from mstar.graph import BuildContext, Node, RequestState
 from mstar.models.checkpoint import build_module, component_path, default_dtype, read_config
-from mstar.models.wan22.config import Wan22Config, WanDiTConfig
+from mstar.models.wan22.config import Wan22Config, WanDiTConfig, WanSchedulerConfig
 from mstar.models.wan22.denoise import (
     IMAGE_LATENTS,
     LATENTS,
@@ -125,7 +125,11 @@ def load_config(model_path: str | None, default: Wan22Config) -> Wan22Config:
     dit = WanDiTConfig.from_dict(read_config(component_path(model_path, "transformer")))
     vae = read_config(component_path(model_path, "vae"))
     text = read_config(component_path(model_path, "text_encoder"))
-    return replace(default, dit=dit, vae=vae, text_encoder=text)
+    scheduler = default.scheduler
+    if (Path(model_path) / "scheduler").is_dir():
+        scheduler_json = read_config(component_path(model_path, "scheduler"), "scheduler_config.json")
+        scheduler = WanSchedulerConfig.from_dict(scheduler_json)
+    return replace(default, dit=dit, vae=vae, text_encoder=text, scheduler=scheduler)
 
 
 def build_nodes(default_config: Wan22Config, ctx: BuildContext) -> dict[str, Node]:

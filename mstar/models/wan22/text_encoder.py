@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from mstar.engine.cuda_graphs import DEFAULT_BUCKET_LENGTHS, GraphedByLength
+from mstar.engine.cuda_graphs import GraphedByLength
 from mstar.engine.transfer import to_device
 from mstar.models.checkpoint import build_module
 from mstar.models.text_encoding import PromptEmbedsNode
@@ -62,12 +62,17 @@ def load_tokenizer(folder: str | None, vocab_size: int):
 
 
 class PromptEncoder:
-    """Prompts -> UMT5 embeddings. The 256k-row token embedding (2.1 GB for UMT5-XXL) stays in host
-    memory: a prompt gathers at most 512 of its rows there, and only those travel. With `offload`,
-    the blocks' weights live in host memory too and stream to the device for each forward
-    (mstar.engine.offload). With `cuda_graphs` (CUDA, not offloaded), the encoder replays one CUDA
-    graph per length bucket: UMT5 attends both ways, so a prompt padded to its bucket masks the
-    padding out as keys, as the pipeline does at 512 tokens."""
+    """Prompts -> UMT5 embeddings, as WanPipeline computes them: every prompt padded to
+    `max_text_tokens` (the pipeline's max_sequence_length, 512) with the padding masked out as keys.
+    In exact arithmetic the real tokens' states do not depend on the padding; in bf16 they do,
+    through the GEMM kernels each sequence length gets. On the H200 at full size a prompt padded to
+    a 32-token bucket was 2.2e-2 (relative) from the pipeline's embedding and one padded to 512 was
+    its bytes, at 30.3 ms a prompt on the GPU against 7.6 (a cached prompt costs nothing).
+
+    The 256k-row token embedding (2.1 GB for UMT5-XXL) stays in host memory: a prompt gathers at
+    most 512 of its rows there, and only those travel. With `offload`, the blocks' weights live in
+    host memory too and stream to the device for each forward (mstar.engine.offload). With
+    `cuda_graphs` (CUDA, not offloaded), the encoder replays one CUDA graph, captured at warmup."""
 
     def __init__(
         self,
@@ -82,7 +87,6 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_text_tokens = max_text_tokens
-        self.hidden = self._last_hidden
         # One host copy of the table: loaded weights may tie it to embed_tokens through two
         # parameters, so the encoder is pointed at the moved module.
         self.model.shared.to("cpu")
@@ -94,46 +98,46 @@ class PromptEncoder:
             self.streamed = StreamedBlocks(self.model.encoder.block, self.device)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the moved weights' device blocks go back to the driver
-        if cuda_graphs and not offload and self.device.type == "cuda":
-            buckets = tuple(n for n in DEFAULT_BUCKET_LENGTHS if n < max_text_tokens)
-            self.hidden = GraphedByLength(
-                self._last_hidden, 0, self.device, (*buckets, max_text_tokens),
-                row_shape=(model.config.d_model,), dtype=next(model.encoder.block.parameters()).dtype,
-                key_mask=True,
-            )  # fmt: skip
+        self.use_graphs = cuda_graphs and not offload and self.device.type == "cuda"
+        self.hidden = GraphedByLength(
+            self._last_hidden, 0, self.device, (max_text_tokens,),
+            row_shape=(model.config.d_model,), dtype=next(model.encoder.block.parameters()).dtype,
+            key_mask=True,
+        )  # fmt: skip
 
     def warmup(self) -> None:
-        """Capture the CUDA graphs (one per length bucket), when they are on."""
-        if isinstance(self.hidden, GraphedByLength):
+        """Capture the CUDA graph, when graphs are on."""
+        if self.use_graphs:
             self.hidden.capture()
 
     @torch.inference_mode()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
         """One [num_tokens_i, d_model] embedding per prompt.
 
-        One prompt per forward, unpadded and without a mask: a prompt's embedding never depends on
-        the prompts batched with it, and nothing reads the device back. (With a mask, transformers
-        checks it for padding on the device, and that read waits for the DiT step queued before it;
-        the encoder is launch-bound, so batching prompts saved little.)"""
+        One prompt per forward: a prompt's embedding never depends on the prompts batched with it,
+        and nothing reads the device back (the mask is built here, not by transformers, whose
+        check of a mask for padding reads it on the device and waits for the DiT step queued
+        before it; the encoder is launch-bound, so batching prompts saved little)."""
         return [self._encode_one(prompt) for prompt in prompts]
 
-    def _encode_one(self, prompt: str) -> torch.Tensor:
-        ids = self.tokenizer(
+    def tokenize(self, prompt: str) -> torch.Tensor:
+        """input_ids [1, num_tokens] on the host: the pipeline's ids without its padding (EOS last)."""
+        return self.tokenizer(
             [clean_prompt(prompt)],
             max_length=self.max_text_tokens,
             truncation=True,
             add_special_tokens=True,
             return_tensors="pt",
-        )["input_ids"]  # [1, num_tokens] on the host
-        embeds = to_device(self.model.shared(ids), self.device)  # [1, num_tokens, d_model] from the host
+        )["input_ids"]
+
+    def _encode_one(self, prompt: str) -> torch.Tensor:
+        embeds = to_device(self.model.shared(self.tokenize(prompt)), self.device)  # [1, L, d_model]
         return self.hidden(embeds)[0]  # [num_tokens, d_model]
 
-    def _last_hidden(self, embeds: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """UMT5's last hidden state [1, L, d_model]. `valid` [1, L] bool marks the real tokens: the
-        others are masked out as keys (an additive mask: 0 on the real ones leaves their scores,
-        and so their states, exactly as unmasked). Without it, transformers' own forward."""
-        if valid is None:
-            return self.model(inputs_embeds=embeds).last_hidden_state
+    def _last_hidden(self, embeds: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """UMT5's last hidden state [1, L, d_model]. `valid` [1, L] bool marks the real tokens; the
+        others are masked out as keys (an additive mask: 0 on the real ones leaves their scores as
+        they were). The blocks are called directly, as transformers' forward calls them."""
         encoder = self.model.encoder
         mask = torch.zeros(valid.shape, dtype=embeds.dtype, device=embeds.device)
         mask = mask.masked_fill(~valid, torch.finfo(embeds.dtype).min)[:, None, None, :]  # [1, 1, 1, L]
