@@ -20,7 +20,7 @@
 #
 # Needs: a CUDA build of torch with `pip install -e ".[models,gpu]"` for `step` and `serve`, and
 # diffusers (`pip install diffusers`) for `baseline` and `step`. A GPU machine without network takes
-# them as wheels: on a machine with network, `bash bench/h200.sh wheels baseline|step|serve`
+# them as wheels: on a machine with network, `bash bench/h200.sh wheels baseline|step|serve|llm`
 # downloads that phase's wheels for Python $WHEEL_PYTHON (3.12) and packs them into
 # .whl_pack/site.tar.xz (unpacked and xz-compressed: 30-40 MB, so the tree and the pack stay under
 # a 64 MiB upload); bring .whl_pack/ along and the phase installs it into /tmp/site first. diffusers
@@ -39,15 +39,18 @@ server_deps() {  # the server's pure-Python requirements, pinned as this machine
 }
 
 if [ "$phase" = wheels ]; then
-  case "${model:?wheels baseline|step|parity|serve}" in
+  case "${model:?wheels baseline|step|parity|serve|llm}" in
     baseline) reqs=(diffusers==0.42.1 importlib_metadata) ;;
     step | parity) reqs=(diffusers==0.42.1 importlib_metadata fa3-fwd==0.0.3) ;;
     serve) reqs=(fa3-fwd==0.0.3 av==19.0.2) ;;
-    *) echo "wheels: baseline, step, parity or serve" >&2; exit 2 ;;
+    llm) reqs=(flashinfer-python==0.7.2.post1 "apache-tvm-ffi>=0.1.11,<0.2") ;;  # bench/h200_llm.sh
+    *) echo "wheels: baseline, step, parity, serve or llm" >&2; exit 2 ;;
   esac
   mapfile -t pinned < <(server_deps)
   download=$(mktemp -d) staging=$(mktemp -d)
-  platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  # fa3-fwd's wheels are tagged manylinux_2_24 only
+  platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+    --platform manylinux2014_x86_64)
   "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version "${WHEEL_PYTHON:-3.12}" \
     --implementation cp "${platforms[@]}" -d "$download" "${reqs[@]}" "${pinned[@]}" || exit 1
   for wheel in "$download"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$staging/"; done

@@ -166,20 +166,31 @@ class ServerConfig(BaseModel):
         True, description="mux a clip's MP4 chunk by chunk as the VAE decodes it (off: whole clip at the end)"
     )
 
-    # Text models (LLM serving): the paged KV pool, sized at boot from the memory left after the
-    # weights and the workspace (kv_pool_pages pages when set, else kv_cache_memory_fraction of it),
-    # and continuous batching (at most max_num_seqs sequences and max_num_batched_tokens tokens a
-    # step; max_model_len None: the model's context length). Decode steps replay CUDA graphs of
-    # up to max_num_seqs rows when cuda_graphs is on. FlashInfer builds its kernels at boot, under
+    # Text models (LLM serving): the paged KV pool is sized at boot from the memory left after the
+    # weights and the workspace; FlashInfer builds its kernels at boot, under
     # compile_cache_dir/flashinfer when that is set.
-    kv_page_tokens: int = Field(16, ge=1, le=1024)
-    kv_cache_memory_fraction: float = Field(0.85, gt=0, le=1)
-    kv_pool_pages: int | None = Field(None, ge=1)
-    kv_attention_backend: Literal["auto", "flashinfer", "fa3", "torch"] = "auto"
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = Field(128, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    max_model_len: int | None = Field(None, ge=2)
+    kv_page_tokens: int = Field(16, ge=1, le=1024, description="tokens in one page of the paged KV pool")
+    kv_cache_memory_fraction: float = Field(
+        0.85, gt=0, le=1, description="share of the memory left after weights and workspace the KV pool takes"
+    )
+    kv_pool_pages: int | None = Field(
+        None, ge=1, description="KV pool size in pages (overrides kv_cache_memory_fraction)"
+    )
+    kv_attention_backend: Literal["auto", "flashinfer", "fa3", "torch"] = Field(
+        "auto", description="paged attention kernels of text models (auto: flashinfer on CUDA, torch on CPU)"
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="reuse the KV pages of a shared prompt prefix across requests"
+    )
+    max_num_seqs: int = Field(
+        128, ge=1, description="most sequences in one text-model step (also the largest decode CUDA graph)"
+    )
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="most tokens in one text-model step (decode rows, then chunked prefill)"
+    )
+    max_model_len: int | None = Field(
+        None, ge=2, description="longest prompt plus output of a text model (default: its context length)"
+    )
 
     @field_validator("device")
     @classmethod
