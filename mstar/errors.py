@@ -1,5 +1,7 @@
 """Errors every layer may raise; the API maps them to HTTP statuses."""
 
+from collections.abc import Sequence
+
 
 class InvalidParam(ValueError):
     """A user-supplied field is wrong. Becomes HTTP 400 with `param` naming the field."""
@@ -13,8 +15,9 @@ class InvalidParam(ValueError):
 class UnknownModel(LookupError):
     """The requested model is not served here. Becomes HTTP 404."""
 
-    def __init__(self, name: str):
-        super().__init__(f"model '{name}' is not served here")
+    def __init__(self, name: str, served: Sequence[str] = ()):
+        listed = f"; served: {', '.join(served)}" if served else ""
+        super().__init__(f"model '{name}' is not served here{listed}")
         self.name = name
 
 

@@ -59,7 +59,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
     state = server_state(request)
     if model_id != state.spec.name:
-        raise UnknownModel(model_id)
+        raise UnknownModel(model_id, [state.spec.name])
     return _model_card(state)
 
 

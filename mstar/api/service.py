@@ -108,7 +108,7 @@ class Generator:
     def check_model(self, model: str | None, output_kind: str) -> None:
         """404 for a model not served here; 400 when the route's media kind is not the model's."""
         if model is not None and model != self.spec.name:
-            raise UnknownModel(model)
+            raise UnknownModel(model, [self.spec.name])
         if self.spec.output_kind != output_kind:
             raise ApiError(
                 400,

@@ -128,6 +128,21 @@ def diffusers_forward(family: str, model: Any, items: list[dict]) -> list[Any]:
     )  # fmt: skip
 
 
+def output_psnr_db(ours: list[Any], reference: list[Any]) -> float:
+    """PSNR (dB) of ours against the reference over all items: the reference's value range as the
+    peak, in float32 (inf when equal)."""
+    import math
+
+    pairs = [(a.float().reshape(b.shape), b.float()) for a, b in zip(ours, reference, strict=True)]
+    squared = sum(float((a - b).pow(2).sum()) for a, b in pairs)
+    count = sum(b.numel() for _, b in pairs)
+    peak = max(float(b.max() - b.min()) for _, b in pairs)
+    if squared == 0:
+        return math.inf
+    mse = squared / max(count, 1)
+    return 10 * math.log10(peak**2 / mse) if math.isfinite(mse) and peak > 0 else -math.inf
+
+
 def relative_error(ours: list[Any], reference: list[Any]) -> float:
     """||ours - reference|| / ||reference|| over all items, in float32."""
     import torch

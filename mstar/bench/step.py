@@ -244,6 +244,7 @@ def _run_ours_case(
         return
     reference = case.reference
     run["rel_error"] = dit_inputs.relative_error(output, reference) if reference is not None else None
+    run["psnr_db"] = dit_inputs.output_psnr_db(output, reference) if reference is not None else None
     case.entry["runs"].append(run)
 
 

@@ -33,16 +33,16 @@ def get_model_spec(name: str) -> ModelSpec:
     if target is None and ":" in name:
         target = name
     if target is None:
-        raise UnknownModel(name)
+        raise UnknownModel(name, model_names())
     module_name, class_name = target.split(":", 1)
     try:
         spec_class = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         if name in MODELS:
             raise
-        raise UnknownModel(name) from exc
+        raise UnknownModel(name, model_names()) from exc
     if not (isinstance(spec_class, type) and issubclass(spec_class, ModelSpec)):
-        raise UnknownModel(name)
+        raise UnknownModel(name, model_names())
     return spec_class()
 
 

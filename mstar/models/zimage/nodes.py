@@ -34,13 +34,15 @@ def as_inference_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 class CheckedCompiledDecode:
     """`vae.decode_frames` compiled with static shapes (one graph per latent size), its GroupNorms
-    taking their statistics by pixel blocks. The first decode of each size also runs the eager
-    decode and compares the uint8 frames: below MIN_FAST_PATH_PSNR_DB (a miscompile) that size
-    decodes eagerly from then on, so wrong frames are never served. Compile mode "off" is the plain
-    eager decode (F.group_norm)."""
+    taking their statistics by pixel blocks. A size is decoded compiled only once its compile was
+    checked against the eager decode (mstar.engine.background_compile.CheckedCompile: inline at
+    warmup, off the serving path for any other size, which decodes eagerly meanwhile); below
+    MIN_COMPILED_PSNR_DB (a miscompile) that size stays eager, so wrong frames are never served.
+    Compile mode "off" is the plain eager decode (F.group_norm)."""
 
-    def __init__(self, vae: VAEDecoder, compile_mode: str):
+    def __init__(self, vae: VAEDecoder, compile_mode: str, compiler=None):
         from mstar.diffusion.vae_decode import VAE_INDUCTOR_OPTIONS
+        from mstar.engine.background_compile import CheckedCompile
         from mstar.engine.compile import CompiledFunction
 
         self.vae = vae
@@ -55,37 +57,49 @@ class CheckedCompiledDecode:
             vae.decode_frames, compile_mode, "zimage_vae_decode", dynamic=False,
             extra_options=VAE_INDUCTOR_OPTIONS,
         )  # fmt: skip
-        self.psnr_db_by_size: dict[tuple[int, int], float] = {}  # latent (h, w) -> compiled vs eager
-        self.eager_sizes: set[tuple[int, int]] = set()  # sizes whose compiled frames were wrong
+        self.checked = CheckedCompile(
+            "zimage_vae_decode", self._check_size, enabled=compile_mode != "off", compiler=compiler
+        )
 
     def __call__(self, latents: torch.Tensor) -> torch.Tensor:
         """latents float32 [C, h, w] -> uint8 [1, H, W, 3] on the same device."""
-        size = (latents.shape[-2], latents.shape[-1])
-        if self.compile_mode == "off" or size in self.eager_sizes:
-            return self.vae.decode_frames(latents)
+        if self.checked.use_compiled(tuple(latents.shape[-2:])):
+            return self.compiled(as_inference_tensor(latents))
+        return self.vae.decode_frames(latents)
+
+    def warm(self, latents: torch.Tensor) -> float:
+        """Compile and check this latent size now (boot warmup); the PSNR (dB) against eager."""
+        return self.checked.warm(tuple(latents.shape[-2:]), lambda size: self._compiled_vs_eager_db(latents))
+
+    def _check_size(self, size: tuple[int, int]) -> float:
+        from mstar.diffusion.noise import seeded_noise
+
+        latents = seeded_noise((self.vae.config.latent_channels, *size), seed=0, device=self.device)
+        return self._compiled_vs_eager_db(latents)
+
+    @torch.inference_mode()
+    def _compiled_vs_eager_db(self, latents: torch.Tensor) -> float:
+        from mstar.diffusion.vae_decode import uint8_psnr_db
+
         frames = self.compiled(as_inference_tensor(latents))
-        if size not in self.psnr_db_by_size:
-            frames = self._check(size, latents, frames)
-        return frames
+        return uint8_psnr_db(frames, self.vae.decode_frames(latents))
 
-    def _check(self, size: tuple[int, int], latents: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
-        from mstar.diffusion.vae_decode import MIN_FAST_PATH_PSNR_DB, uint8_psnr_db
+    @property
+    def device(self) -> torch.device:
+        return next(self.vae.parameters()).device
 
-        reference = self.vae.decode_frames(latents)
-        psnr_db = self.psnr_db_by_size[size] = uint8_psnr_db(frames, reference)
-        if psnr_db >= MIN_FAST_PATH_PSNR_DB:
-            logger.info("VAE compiled decode at latents %s matches eager at %.1f dB", size, psnr_db)
-            return frames
-        logger.warning(
-            "VAE compiled decode (compile_mode=%s) at latents %s disagrees with eager: PSNR %.1f dB "
-            "< %.1f dB; decoding this size eagerly from now on",
-            self.compile_mode, size, psnr_db, MIN_FAST_PATH_PSNR_DB,
-        )  # fmt: skip
-        self.eager_sizes.add(size)
-        return reference
+    @property
+    def psnr_db_by_size(self) -> dict:
+        return self.checked.psnr_db  # latent (h, w) -> compiled vs eager at its check
+
+    @property
+    def eager_sizes(self) -> set:
+        from mstar.engine.background_compile import EAGER
+
+        return self.checked.keys(EAGER)  # sizes whose compiled frames were wrong (or whose compile failed)
 
     def finish_warmup(self) -> None:
-        """After the warmup sizes: a compile from now on (a new size) is a recompile."""
+        """After the warmup sizes: a compile from now on on the serving path is a recompile."""
         self.compiled.finish_warmup()
 
     @property
@@ -125,7 +139,7 @@ class VAEDecodeNode(Node):
         config = self.vae.config
         for index, (width, height) in enumerate(self.warmup_sizes):
             h, w = latent_size(height, width, config.spatial_scale)
-            self.decode(seeded_noise((config.latent_channels, h, w), seed=index, device=self.device))
+            self.decode.warm(seeded_noise((config.latent_channels, h, w), seed=index, device=self.device))
         self.decode.finish_warmup()
 
     def num_recompiles(self) -> int:
@@ -152,9 +166,7 @@ def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, No
         # Workspace and attention backend before any weights take memory; boot fails fast on a bad backend.
         attn = build_engine_resources(server, ctx.device, dtype).attention
     nodes: dict[str, Node] = {}
-    for index, name in enumerate(ctx.node_names):
-        if ctx.progress is not None:
-            ctx.progress(f"load {name}", index, len(ctx.node_names))
+    for name in ctx.node_names:
         if name == "text_encoder":
             nodes[name] = _text_node(config, ctx, model_path, dtype)
         elif name == "dit":
@@ -166,7 +178,10 @@ def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, No
 
 def _text_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
     folder = None if model_path is None else str(Path(model_path) / "text_encoder")
+    progress = ctx.progress or (lambda label, done, total: None)
+    progress("loading text_encoder", 0, 1)  # transformers loads it: one bar for the whole module
     model = build_qwen3(config.text_encoder, ctx.device, dtype, path=folder)
+    progress("loading text_encoder", 1, 1)
     tokenizer = load_tokenizer(model_path, config)
     encoder = PromptEncoder(
         model, tokenizer, ctx.device, config.max_sequence_length, cuda_graphs=ctx.config.cuda_graphs

@@ -28,6 +28,7 @@ def test_warmup_verifies_clip_shapes_on_random_latents():
     runner = RecordingRunner()
     node = WanVAEDecodeNode(runner, config=None, warmup_shapes=[(4, 3, 2, 2), (4, 1, 2, 2)])
     node.warmup()
-    assert runner.verified == [(1, 4, 3, 2, 2)]  # the one-frame image shape takes the plain path
+    assert runner.verified == [(1, 4, 3, 2, 2)]  # compiled and checked inline, before serving
+    assert [tuple(latents.shape) for latents in runner.decoded] == [(1, 4, 1, 2, 2)]  # images: plain
     assert all(latents.abs().sum() > 0 for latents in runner.decoded)
     assert runner.finished

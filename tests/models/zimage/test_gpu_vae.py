@@ -44,3 +44,23 @@ def test_warmup_compiles_1024_decode_that_matches_eager_and_is_faster():
         f"eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms"
     )
     assert compiled_ms < eager_ms
+
+
+def test_a_size_not_warmed_is_served_at_once_and_compiled_on_the_compile_thread():
+    """On CUDA: the compile thread takes the worker's device, its compile is not a recompile, and
+    the size is swapped in once checked."""
+    torch._dynamo.reset()
+    vae = build_vae_decoder(REAL.vae, "cuda", torch.bfloat16)
+    node = VAEDecodeNode(vae, "deterministic", warmup_sizes=[(1024, 1024)])
+    node.warmup()
+    node.decode.finish_warmup()
+    latents = seeded_noise((REAL.vae.latent_channels, 168, 96), seed=3, device="cuda")  # 768x1344
+    request = RequestState("r", {})
+    request.tensors[LATENTS] = latents.clone()
+    node.forward([request])
+    assert request.tensors[FRAMES].shape == (1, 1344, 768, 3)
+    assert node.decode.checked.state((168, 96)) == "pending"  # served before its compile finished
+    assert node.decode.checked.compiler.wait_idle(600)
+    assert node.decode.checked.state((168, 96)) == "compiled"
+    assert node.decode.psnr_db_by_size[(168, 96)] >= 40.0
+    assert node.num_recompiles() == 0 and node.decode.compiled.num_background_compiles == 1
