@@ -209,14 +209,3 @@ def encode(message: Message) -> bytes:
 
 def decode(data: bytes) -> Message:
     return _decoder.decode(data)
-
-
-def message_refs(message: Message) -> list[TensorRef]:
-    """Segments a message carries (to unlink when the message is dropped)."""
-    if isinstance(message, RunWalk | Handoff):
-        return list(message.tensors)
-    if isinstance(message, WalkDone):
-        return list(message.outputs)
-    if isinstance(message, OutputPiece):
-        return [message.piece]
-    return []

@@ -4,9 +4,7 @@ ones for tests. Plain dataclasses, no torch, so the spec can import them cheaply
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 
@@ -146,10 +144,6 @@ def from_json_dict(cls: type, data: dict[str, Any]) -> Any:
         if key in known and value is not None:
             values[key] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
-
-
-def read_json(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
 
 
 def to_json_dict(config: Any) -> dict[str, Any]:
