@@ -1,5 +1,11 @@
 """Errors every layer may raise; the API maps them to HTTP statuses."""
 
+from typing import Literal, get_args
+
+# How a request can fail inside the runtime; the API maps each to its status (500, 499, 504, 503, 503).
+FailureKind = Literal["error", "aborted", "timeout", "worker_died", "out_of_memory"]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
+
 
 class InvalidParam(ValueError):
     """A user-supplied field is wrong. Becomes HTTP 400 with `param` naming the field."""
@@ -28,9 +34,9 @@ class Overloaded(RuntimeError):
 
 class RequestFailed(RuntimeError):
     """A request failed inside the runtime. The client sees a generic message; the log has details.
-    `kind` is one of "error", "aborted", "timeout", "worker_died", "out_of_memory"."""
+    `kind` says how (FailureKind)."""
 
-    def __init__(self, message: str = "request failed", kind: str = "error"):
+    def __init__(self, message: str = "request failed", kind: FailureKind = "error"):
         super().__init__(message)
         self.message = message
         self.kind = kind

@@ -16,7 +16,7 @@ from typing import Any
 
 from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
 from mstar.api.metrics import PrometheusMetrics
-from mstar.errors import InvalidParam, Overloaded, UnknownModel
+from mstar.errors import FailureKind, InvalidParam, Overloaded, UnknownModel
 from mstar.graph import GenerationParams, ModelSpec
 from mstar.runtime.events import Done, Failed, Piece, Progress
 
@@ -32,7 +32,7 @@ class Submitted:
     params: dict[str, Any]
 
 
-def failure_error(kind: str, message: str) -> ApiError:
+def failure_error(kind: FailureKind, message: str) -> ApiError:
     """A runtime failure as the client sees it: no internal details (they are logged)."""
     logger.error("request failed (%s): %s", kind, message)
     if kind == "timeout":

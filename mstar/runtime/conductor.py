@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from mstar.config import ServerConfig
-from mstar.errors import InvalidParam, Overloaded
+from mstar.errors import FailureKind, InvalidParam, Overloaded
 from mstar.graph import ModelSpec, stage_nodes
 from mstar.runtime import messages as m
 from mstar.runtime.events import Done, Failed, Piece, Progress
@@ -275,11 +275,11 @@ class Conductor:
             if index in job.workers:
                 self._end(job, Failed(f"worker {index} died", "worker_died"))
 
-    def fail_waiting(self, message: str, kind: str) -> None:
+    def fail_waiting(self, message: str, kind: FailureKind) -> None:
         while self.waiting:
             self._end(self.jobs[self.waiting[0]], Failed(message, kind))
 
-    def fail_all(self, message: str, kind: str) -> None:
+    def fail_all(self, message: str, kind: FailureKind) -> None:
         for job in list(self.jobs.values()):
             self._end(job, Failed(message, kind))
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FAILURE_KINDS = ("error", "aborted", "timeout", "worker_died", "out_of_memory")
+from mstar.errors import FailureKind
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Done:
 @dataclass(frozen=True)
 class Failed:
     message: str
-    kind: str  # one of FAILURE_KINDS
+    kind: FailureKind
 
 
 Event = Progress | Piece | Done | Failed

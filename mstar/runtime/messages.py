@@ -7,9 +7,11 @@ Directions: C = conductor (API process), W = worker process.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+from mstar.errors import FailureKind
 
 CONDUCTOR = -1  # `next_worker` value: the walk's outputs go back to the conductor (final walk)
 
@@ -96,7 +98,7 @@ class OutputPiece(msgspec.Struct, tag=True, frozen=True):
 class RequestError(msgspec.Struct, tag=True, frozen=True):
     rid: str
     message: str
-    kind: str = "error"  # or "worker_died" when a peer it needed is down
+    kind: FailureKind = "error"  # "worker_died" when a peer it needed is down
 
 
 class StepStats(msgspec.Struct, tag=True, frozen=True):
@@ -161,6 +163,9 @@ class Shutdown(msgspec.Struct, tag=True, frozen=True):
 # ---- worker -> worker ----------------------------------------------------------------------
 
 
+HandoffPart = Literal["stage", "stash", "fork", "join"]
+
+
 class Handoff(msgspec.Struct, tag=True, frozen=True):
     """A request's tensors moving between workers.
 
@@ -168,7 +173,7 @@ class Handoff(msgspec.Struct, tag=True, frozen=True):
     kept until RunWalk arrives), "fork" (run this worker's nodes of a Parallel stage, then send
     "join" back to `source`), "join" (a fork's results merged into the lead's tensors)."""
 
-    part: str
+    part: HandoffPart
     rid: str
     request_id: str
     params: dict[str, Any]

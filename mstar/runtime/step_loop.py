@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_cached_memory
+from mstar.errors import FailureKind
 from mstar.graph import Loop, ModelSpec, Node, Parallel, RequestState, Stage, stage_nodes
 from mstar.runtime import messages as m
 from mstar.runtime.node_profile import NodeProfiler
@@ -221,7 +222,7 @@ class StepLoop:
             return
         self.to_conductor(m.WalkDone(request.rid, walk.name, self.worker))
 
-    def _handoff(self, request: WorkerRequest, peer: int, part: str, move: bool = True) -> bool:
+    def _handoff(self, request: WorkerRequest, peer: int, part: m.HandoffPart, move: bool = True) -> bool:
         """Send the request's tensors to `peer`; False (and the request failed) when it cannot."""
         if not self.peers.is_up(peer):
             self._fail(request, f"worker {peer} is down", kind="worker_died")
@@ -346,7 +347,9 @@ class StepLoop:
 
     # ---- endings -------------------------------------------------------------------------
 
-    def _fail(self, request: WorkerRequest, message: str, exc: Exception | None = None, kind: str = "error"):
+    def _fail(
+        self, request: WorkerRequest, message: str, exc: Exception | None = None, kind: FailureKind = "error"
+    ) -> None:
         if exc is not None:
             log.error("request %s: %s", request.state.request_id, message, exc_info=exc)
         self.to_conductor(m.RequestError(request.rid, message, kind))

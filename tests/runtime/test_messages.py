@@ -38,6 +38,18 @@ def test_every_message_round_trips_through_msgpack(message):
     assert m.decode(m.encode(message)) == message
 
 
+@pytest.mark.parametrize(
+    "message",
+    [m.RequestError("a", "boom", "exploded"), m.Handoff("teleport", "a", "req", {}, "generate", 1, -1, 0)],
+    ids=["failure kind", "handoff part"],
+)
+def test_a_value_outside_its_literal_type_does_not_decode(message):
+    import msgspec
+
+    with pytest.raises(msgspec.ValidationError):
+        m.decode(m.encode(message))
+
+
 def test_tensors_round_trip_through_segments_and_are_unlinked(tmp_path):
     store = SegmentStore(str(tmp_path), "t-")
     tensors = {
