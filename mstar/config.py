@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
 SIZE_PATTERN = re.compile(r"^\d+x\d+(x\d+)?$")
@@ -16,6 +16,33 @@ def check_device(value: str) -> str:
     if not DEVICE_PATTERN.match(value):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got '{value}'")
     return value
+
+
+class CompileSize(BaseModel):
+    """One `compile_sizes` entry, written 'WxH' or 'WxHxFRAMES' in the YAML and parsed here once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    width: int = Field(gt=0)
+    height: int = Field(gt=0)
+    num_frames: int | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if not SIZE_PATTERN.match(value):
+            raise ValueError(f"compile_sizes entries are 'WxH' or 'WxHxFRAMES', got '{value}'")
+        width, height, *frames = (int(part) for part in value.split("x"))
+        return {"width": width, "height": height, "num_frames": frames[0] if frames else None}
+
+    @model_serializer
+    def _as_text(self) -> str:
+        return str(self)
+
+    def __str__(self) -> str:
+        frames = "" if self.num_frames is None else f"x{self.num_frames}"
+        return f"{self.width}x{self.height}{frames}"
 
 
 class NodeGroup(BaseModel):
@@ -60,7 +87,7 @@ class ServerConfig(BaseModel):
     workspace_mb: int = Field(512, ge=1)
 
     compile_mode: Literal["deterministic", "default", "max-autotune", "off"] = "deterministic"
-    compile_sizes: list[str] = []
+    compile_sizes: list[CompileSize] = []
     # where compiled kernels are kept across restarts (inductor's graph cache, Triton's binaries);
     # None: torch's default under /tmp. A warm cache cut Wan's boot from 161 s to 48 s on the H200.
     compile_cache_dir: str | None = None
@@ -93,14 +120,6 @@ class ServerConfig(BaseModel):
     @classmethod
     def _check_device(cls, value: str) -> str:
         return check_device(value)
-
-    @field_validator("compile_sizes")
-    @classmethod
-    def _check_sizes(cls, sizes: list[str]) -> list[str]:
-        for size in sizes:
-            if not SIZE_PATTERN.match(size):
-                raise ValueError(f"compile_sizes entries are 'WxH' or 'WxHxFRAMES', got '{size}'")
-        return sizes
 
     @model_validator(mode="after")
     def _check_groups(self) -> ServerConfig:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from mstar.config import CompileSize
 from mstar.graph import BuildContext, Node, RequestState
 from mstar.models.checkpoint import build_module, component_path, default_dtype, read_config
 from mstar.models.wan22.config import Wan22Config, WanDiTConfig
@@ -200,13 +201,14 @@ def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dt
     )  # fmt: skip
 
 
-def _warmup_shapes(config: Wan22Config, compile_sizes: list[str]) -> list[tuple[int, int, int, int]]:
-    """Latent shapes for the config's "WxH[xFRAMES]" sizes (the model defaults when none)."""
+def _warmup_shapes(config: Wan22Config, compile_sizes: list[CompileSize]) -> list[tuple[int, int, int, int]]:
+    """Latent shapes for the config's compile sizes (the model defaults when none)."""
     shapes = []
-    for size in compile_sizes or [f"{config.default_width}x{config.default_height}"]:
-        parts = [int(n) for n in size.split("x")]
-        frames = parts[2] if len(parts) > 2 else config.default_num_frames
-        shapes.append(latent_shape(config, {"width": parts[0], "height": parts[1], "num_frames": frames}))
+    for size in compile_sizes or [CompileSize(width=config.default_width, height=config.default_height)]:
+        frames = size.num_frames or config.default_num_frames
+        shapes.append(
+            latent_shape(config, {"width": size.width, "height": size.height, "num_frames": frames})
+        )
     return shapes
 
 

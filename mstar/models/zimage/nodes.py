@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from mstar.config import CompileSize
 from mstar.graph import BuildContext, Node, RequestState
 from mstar.models.checkpoint import default_dtype
 from mstar.models.zimage.config import ZImageConfig
@@ -132,10 +133,9 @@ class VAEDecodeNode(Node):
         return self.decode.num_recompiles
 
 
-def warmup_sizes(compile_sizes: list[str]) -> list[tuple[int, int]]:
-    """(width, height) from the config's "WxH" compile sizes; 1024x1024 when none are named."""
-    sizes = [tuple(int(n) for n in size.split("x")[:2]) for size in compile_sizes]
-    return sizes or list(DEFAULT_WARMUP_SIZES)
+def warmup_sizes(compile_sizes: list[CompileSize]) -> list[tuple[int, int]]:
+    """(width, height) of the config's compile sizes; 1024x1024 when none are named."""
+    return [(size.width, size.height) for size in compile_sizes] or list(DEFAULT_WARMUP_SIZES)
 
 
 def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, Node]:
