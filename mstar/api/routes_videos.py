@@ -25,6 +25,7 @@ from mstar.api.service import Generator, ProgressCallback, Submitted
 from mstar.api.state import ServerState, server_state
 from mstar.api.store import FINISHED, VideoJob
 from mstar.errors import InvalidParam
+from mstar.params import VideoParams
 
 logger = logging.getLogger("mstar.api")
 router = APIRouter()
@@ -62,13 +63,13 @@ async def read_reference(reference: Any) -> Any:
     return await asyncio.to_thread(decode_image, data)
 
 
-def _describe(body: VideoCreateRequest, params: dict[str, Any]) -> tuple[str, str]:
+def _describe(body: VideoCreateRequest, params: VideoParams) -> tuple[str, str]:
     """The job's `size` and `seconds` strings from the resolved params (the model's defaults filled in)."""
-    width, height = params.get("width"), params.get("height")
+    width, height = params.width, params.height
     size = f"{width}x{height}" if width and height else (body.size or "")
     if body.seconds is not None:
         return size, body.seconds
-    num_frames, fps = params.get("num_frames"), params.get("fps")
+    num_frames, fps = params.num_frames, params.fps
     seconds = f"{num_frames / fps:g}" if num_frames and fps else ""
     return size, seconds
 
@@ -114,7 +115,7 @@ async def mux_video(
 ) -> tuple[bytes, Mp4Writer]:
     """Follow a video request to its MP4 (and the writer, which knows the frames' count and size).
     Frames the model sends in pieces are muxed as they come, in a thread; whole frames at the end."""
-    writer = Mp4Writer(int(submitted.params.get("fps") or DEFAULT_FPS))
+    writer = Mp4Writer(int(getattr(submitted.params, "fps", 0) or DEFAULT_FPS))
     timeline = timeline or MuxTimeline(time.perf_counter())
 
     async def on_piece(frames: Any) -> None:  # a clip's frames as its chunks decode: mux them now

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from typing import Any
 
 from mstar.graph import Node, RequestState
+from mstar.params import ImageParams
 
 PROMPT_EMBEDS = "prompt_embeds"
 NEGATIVE_PROMPT_EMBEDS = "negative_prompt_embeds"
@@ -77,7 +78,7 @@ class PromptEmbedsNode(Node):
         self.max_batch_size = max_batch_size
         self.cache = PromptEmbedsCache(max_cached_bytes)
 
-    def uses_guidance(self, params: dict[str, Any]) -> bool:
+    def uses_guidance(self, params: ImageParams) -> bool:
         raise NotImplementedError
 
     def event_counts(self) -> dict[str, int]:
@@ -91,9 +92,9 @@ class PromptEmbedsNode(Node):
     def forward(self, batch: list[RequestState]) -> None:
         targets: list[tuple[RequestState, str, str]] = []  # (request, tensor key, prompt text)
         for request in batch:
-            targets.append((request, PROMPT_EMBEDS, request.params["prompt"]))
+            targets.append((request, PROMPT_EMBEDS, request.params.prompt))
             if self.uses_guidance(request.params):
-                targets.append((request, NEGATIVE_PROMPT_EMBEDS, request.params.get("negative_prompt") or ""))
+                targets.append((request, NEGATIVE_PROMPT_EMBEDS, request.params.negative_prompt))
         found = {text: self.cache.get(text) for text in dict.fromkeys(text for _, _, text in targets)}
         missing = [text for text, embeds in found.items() if embeds is None]
         for text, embeds in zip(missing, self.encoder.encode(missing), strict=True):

@@ -3,22 +3,21 @@ through the whole walk at boot so that no user request is the first to run any p
 
 from __future__ import annotations
 
-from typing import Any
-
 from mstar.config import CompileSize
 from mstar.errors import InvalidParam
 from mstar.graph import GenerationParams, ModelSpec
+from mstar.params import RequestParams
 
 WARMUP_STEPS = 2  # two steps run both the first and a later sampler step (UniPC's order changes)
 
 
-def sized_warmup_requests(spec: ModelSpec, compile_sizes: list[CompileSize]) -> list[dict[str, Any]]:
+def sized_warmup_requests(spec: ModelSpec, compile_sizes: list[CompileSize]) -> list[RequestParams]:
     """Validated params for each of the config's compile sizes (the model's default size if none)."""
     sizes = compile_sizes or [None]
     return [_validated(spec, size) for size in sizes]
 
 
-def _validated(spec: ModelSpec, size: CompileSize | None) -> dict[str, Any]:
+def _validated(spec: ModelSpec, size: CompileSize | None) -> RequestParams:
     params = GenerationParams(
         prompt="warmup",
         width=None if size is None else size.width,

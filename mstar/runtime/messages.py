@@ -7,7 +7,7 @@ Directions: C = conductor (API process), W = worker process.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -129,7 +129,7 @@ class RunWalk(msgspec.Struct, tag=True, frozen=True):
 
     rid: str
     request_id: str
-    params: dict[str, Any]
+    params: msgspec.Raw  # the spec's params Struct, msgpack (mstar.params.encode_params)
     walk: str
     next_worker: int  # worker of the next walk's first node, or CONDUCTOR
     tensors: list[TensorRef] = []  # request inputs (first walk only)
@@ -176,7 +176,7 @@ class Handoff(msgspec.Struct, tag=True, frozen=True):
     part: HandoffPart
     rid: str
     request_id: str
-    params: dict[str, Any]
+    params: msgspec.Raw  # as RunWalk's
     walk: str
     stage_index: int
     next_worker: int

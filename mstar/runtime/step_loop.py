@@ -17,6 +17,7 @@ from typing import Any
 from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_cached_memory
 from mstar.errors import FailureKind
 from mstar.graph import Loop, ModelSpec, Node, Parallel, RequestState, Stage, stage_nodes
+from mstar.params import decode_params, encode_params
 from mstar.runtime import messages as m
 from mstar.runtime.node_profile import NodeProfiler
 from mstar.runtime.output_pieces import num_pieces_sent, piece_sender
@@ -80,7 +81,9 @@ class StepLoop:
             if self.table.was_released(message.rid):
                 self.store.unlink_all(list(message.tensors))  # a straggler of an ended request
                 return
-            request = self.table.get_or_create(message.rid, message.request_id, message.params)
+            request = self.table.get_or_create(
+                message.rid, message.request_id, lambda: decode_params(message.params, self.spec.params_type)
+            )
             try:
                 tensors = import_tensors(self.store, list(message.tensors))
             except Exception as exc:
@@ -234,7 +237,7 @@ class StepLoop:
             return False
         state = request.state
         handoff = m.Handoff(
-            part, request.rid, state.request_id, state.params, request.walk, request.stage_index,
+            part, request.rid, state.request_id, encode_params(state.params), request.walk, request.stage_index,
             request.next_worker, self.worker, refs,
         )  # fmt: skip
         self.peers.send(peer, handoff)

@@ -207,7 +207,7 @@ def test_sdk_reports_failed_jobs_and_sends_reference_uploads():
         )
         assert decode_mp4(mp4).shape == (5, 32, 32, 3)
         params, inputs = runtime.submitted[-1]
-        assert params["has_input_reference"] and inputs["input_reference"].shape == (16, 24, 3)
+        assert params.has_input_reference and inputs["input_reference"].shape == (16, 24, 3)
         runtime.fail_kind = "timeout"
         with pytest.raises(MstarError) as error:
             client.generate_video("x", num_frames=5, poll_interval_s=0.01)

@@ -186,7 +186,7 @@ def test_images_n_is_all_or_nothing_under_load():
         assert len(runtime.aborted) == 2, "the admitted part of n must be aborted"
         ok = client.post("/v1/images/generations", json={"prompt": "x", "n": 2, "seed": 11})
         assert ok.status_code == 200
-        assert [params["seed"] for params, _ in runtime.submitted[-2:]] == [11, 12]
+        assert [params.seed for params, _ in runtime.submitted[-2:]] == [11, 12]
 
 
 def test_job_store_expires_finished_jobs():

@@ -10,6 +10,7 @@ from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS, PromptEmbedsCache
 from mstar.models.wan22.nodes import WanTextEncoderNode
 from tests.models.test_prompt_encoders import wan_encoder
+from tests.models.text_params import text_params
 
 
 class CountingEncoder:
@@ -24,10 +25,7 @@ class CountingEncoder:
 
 
 def guided(request_id: str, prompt: str, negative: str | None = None) -> RequestState:
-    params = {"prompt": prompt, "guidance_scale": 5.0}
-    if negative is not None:
-        params["negative_prompt"] = negative
-    return RequestState(request_id, params)
+    return RequestState(request_id, text_params(prompt, 5.0, negative))
 
 
 def test_each_new_text_is_encoded_once_and_repeats_come_from_the_cache():
@@ -47,7 +45,7 @@ def test_each_new_text_is_encoded_once_and_repeats_come_from_the_cache():
 
 def test_unguided_requests_encode_no_negative_prompt():
     encoder = CountingEncoder()
-    request = RequestState("a", {"prompt": "a fox", "guidance_scale": 1.0})
+    request = RequestState("a", text_params("a fox", 1.0))
     WanTextEncoderNode(encoder).forward([request])
     assert encoder.calls == [["a fox"]] and set(request.tensors) == {PROMPT_EMBEDS}
 

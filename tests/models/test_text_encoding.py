@@ -8,6 +8,7 @@ from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
 from mstar.models.wan22.text_encoder import WanTextEncoderNode
 from mstar.models.zimage.text_encoder import TextEncoderNode
+from tests.models.text_params import text_params
 
 
 class EchoEncoder:
@@ -22,10 +23,7 @@ class EchoEncoder:
 
 
 def _request(request_id: str, guidance_scale: float, negative_prompt: str | None = None) -> RequestState:
-    params = {"prompt": f"p{request_id}", "guidance_scale": guidance_scale}
-    if negative_prompt is not None:
-        params["negative_prompt"] = negative_prompt
-    return RequestState(request_id, params)
+    return RequestState(request_id, text_params(f"p{request_id}", guidance_scale, negative_prompt))
 
 
 @pytest.mark.parametrize(("node_class", "guided_at"), [(WanTextEncoderNode, 1.5), (TextEncoderNode, 0.5)])

@@ -42,9 +42,9 @@ def test_sized_warmup_requests_cover_each_compile_size():
     requests = sized_warmup_requests(
         spec, ServerConfig(compile_sizes=["832x480x33", "480x832x33"]).compile_sizes
     )
-    assert [(r["width"], r["height"], r["num_frames"]) for r in requests] == [(832, 480, 33), (480, 832, 33)]
-    assert all(r["num_inference_steps"] == 2 for r in requests)
-    assert sized_warmup_requests(get_model_spec("tiny-digits"), [])[0]["width"] == 256
+    assert [(r.width, r.height, r.num_frames) for r in requests] == [(832, 480, 33), (480, 832, 33)]
+    assert all(r.num_inference_steps == 2 for r in requests)
+    assert sized_warmup_requests(get_model_spec("tiny-digits"), [])[0].width == 256
 
 
 def test_a_compile_size_the_model_refuses_names_compile_sizes():

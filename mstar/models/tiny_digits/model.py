@@ -31,6 +31,7 @@ from mstar.models.validation import (
     steps_in,
 )
 from mstar.models.warmup import sized_warmup_requests
+from mstar.params import ImageParams
 
 MAX_STEPS = 100
 MAX_GUIDANCE = 20.0
@@ -55,10 +56,15 @@ def _num_tokens(image_size: int, dit: dict[str, Any]) -> int:
     return (image_size // patch_h) * (image_size // patch_w)
 
 
+class DigitsParams(ImageParams, kw_only=True):
+    """A tiny-digits request (always the served size)."""
+
+
 class TinyDigitsSpec(ModelSpec):
     name = "tiny-digits"
     task = "text-to-image"
     output_kind = "image"
+    params_type = DigitsParams
     node_names = ("text_encoder", "dit", "decoder")
     walks = {
         "encode_text": Walk(
@@ -90,19 +96,19 @@ class TinyDigitsSpec(ModelSpec):
             "num_frames": single_frame_limit(),
         }
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> DigitsParams:
         check_prompts(params, MAX_PROMPT_CHARS)
         check_single_image(params, self.name)
         self._check_size(params.width, params.height)
-        return {
-            "prompt": params.prompt,
-            "negative_prompt": params.negative_prompt or "",
-            "width": self.output_size,
-            "height": self.output_size,
-            "num_inference_steps": steps_in(params.num_inference_steps, self.default_steps, MAX_STEPS),
-            "guidance_scale": guidance_in(params.guidance_scale, self.default_guidance, MAX_GUIDANCE),
-            "seed": seed_or_random(params.seed),
-        }
+        return DigitsParams(
+            prompt=params.prompt,
+            negative_prompt=params.negative_prompt or "",
+            width=self.output_size,
+            height=self.output_size,
+            num_inference_steps=steps_in(params.num_inference_steps, self.default_steps, MAX_STEPS),
+            guidance_scale=guidance_in(params.guidance_scale, self.default_guidance, MAX_GUIDANCE),
+            seed=seed_or_random(params.seed),
+        )
 
     def _check_size(self, width: Any, height: Any) -> None:
         """The model was trained at one size: only the served size (or none) is accepted."""
@@ -110,17 +116,17 @@ class TinyDigitsSpec(ModelSpec):
             if value is not None and value != self.output_size:
                 raise InvalidParam("size", f"tiny-digits only makes {self.size} images, got {width}x{height}")
 
-    def step_tokens(self, params: dict[str, Any]) -> int:
-        num_labels = 2 if float(params.get("guidance_scale") or 0.0) > 1.0 else 1  # as the dit's start
+    def step_tokens(self, params: DigitsParams) -> int:
+        num_labels = 2 if params.guidance_scale > 1.0 else 1  # as the dit's start
         return self.num_tokens * num_labels
 
-    def first_walk(self, params: dict[str, Any]) -> str:
+    def first_walk(self, params: DigitsParams) -> str:
         return "encode_text"
 
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: DigitsParams, finished: str) -> str | None:
         return "t2i" if finished == "encode_text" else None
 
-    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+    def warmup_requests(self, config: Any) -> list[DigitsParams]:
         return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:

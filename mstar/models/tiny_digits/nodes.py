@@ -54,8 +54,8 @@ class TextEncoderNode(Node):
     @torch.inference_mode()
     def forward(self, batch: list[RequestState]) -> None:
         for request in batch:
-            request.tensors[PROMPT_EMBEDS] = self.encode(request.params["prompt"])
-            request.tensors[NEGATIVE_PROMPT_EMBEDS] = self.encode(request.params.get("negative_prompt", ""))
+            request.tensors[PROMPT_EMBEDS] = self.encode(request.params.prompt)
+            request.tensors[NEGATIVE_PROMPT_EMBEDS] = self.encode(request.params.negative_prompt)
 
 
 class DigitsDenoiser:
@@ -152,13 +152,13 @@ def make_denoise_node(
     latent_shape = (config.num_channels, 1, config.image_size, config.image_size)  # [C, F, H, W]
 
     def start(request: RequestState) -> DenoiseStart:
-        num_steps = request.params["num_inference_steps"]
-        guidance = request.params["guidance_scale"]
+        num_steps = request.params.num_inference_steps
+        guidance = request.params.guidance_scale
         sampler = FlowMatchEulerSampler(
             num_steps, shift=config.sampler_shift, sigmas=linear_sigmas(num_steps)
         )
         return DenoiseStart(
-            latents=seeded_noise(latent_shape, request.params["seed"], device=device),
+            latents=seeded_noise(latent_shape, request.params.seed, device=device),
             sampler=sampler,
             num_tokens=dit.num_tokens(latent_shape),
             guidance_scale=guidance,

@@ -30,14 +30,14 @@ FIRST_FRAME = "first_frame"
 TEXT_KV = "text_kv"
 
 
-def latent_shape(config: Wan22Config, params: dict[str, Any]) -> tuple[int, int, int, int]:
+def latent_shape(config: Wan22Config, width: int, height: int, num_frames: int) -> tuple[int, int, int, int]:
     """[C, F', H', W'] latents for a request's width/height/num_frames."""
-    num_latent_frames = (params["num_frames"] - 1) // config.vae_scale_temporal + 1
+    num_latent_frames = (num_frames - 1) // config.vae_scale_temporal + 1
     return (
         config.dit.in_channels,
         num_latent_frames,
-        params["height"] // config.vae_scale_spatial,
-        params["width"] // config.vae_scale_spatial,
+        height // config.vae_scale_spatial,
+        width // config.vae_scale_spatial,
     )
 
 
@@ -86,16 +86,16 @@ class WanHooks:
 
     def start(self, request: RequestState) -> DenoiseStart:
         params = request.params
-        shape = latent_shape(self.config, params)
+        shape = latent_shape(self.config, params.width, params.height, params.num_frames)
         condition = {}
         if IMAGE_LATENTS in request.tensors:
             condition[FIRST_FRAME] = request.tensors[IMAGE_LATENTS].to(self.device, torch.float32)
         p_t, p_h, p_w = self.config.dit.patch_size
         return DenoiseStart(
-            latents=seeded_noise(shape, params["seed"], device=self.device),
-            sampler=UniPCSampler(params["num_inference_steps"], shift=self.config.flow_shift),
+            latents=seeded_noise(shape, params.seed, device=self.device),
+            sampler=UniPCSampler(params.num_inference_steps, shift=self.config.flow_shift),
             num_tokens=(shape[1] // p_t) * (shape[2] // p_h) * (shape[3] // p_w),
-            guidance_scale=float(params["guidance_scale"]),
+            guidance_scale=float(params.guidance_scale),
             use_guidance=uses_guidance(params),
             condition=condition,
         )

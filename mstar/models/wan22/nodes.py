@@ -72,7 +72,7 @@ class WanVAEEncodeNode(Node):
                     f"request {request.request_id}: image-to-video needs an '{INPUT_REFERENCE}' image"
                 )
             image = request.tensors.pop(INPUT_REFERENCE)
-            video = image_to_video_input(image, params["width"], params["height"])
+            video = image_to_video_input(image, params.width, params.height)
             latents = self.vae.encode(video.to(self.device, self.dtype)).float()
             request.tensors[IMAGE_LATENTS] = normalize_latents(latents, self.vae.config)[0]
 
@@ -206,9 +206,7 @@ def _warmup_shapes(config: Wan22Config, compile_sizes: list[CompileSize]) -> lis
     shapes = []
     for size in compile_sizes or [CompileSize(width=config.default_width, height=config.default_height)]:
         frames = size.num_frames or config.default_num_frames
-        shapes.append(
-            latent_shape(config, {"width": size.width, "height": size.height, "num_frames": frames})
-        )
+        shapes.append(latent_shape(config, size.width, size.height, frames))
     return shapes
 
 

@@ -19,6 +19,7 @@ from mstar.engine.cuda_graphs import DEFAULT_BUCKET_LENGTHS, GraphedByLength
 from mstar.engine.transfer import to_device
 from mstar.models.checkpoint import build_module
 from mstar.models.text_encoding import PromptEmbedsNode
+from mstar.params import ImageParams
 
 
 def clean_prompt(text: str) -> str:
@@ -27,9 +28,9 @@ def clean_prompt(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def uses_guidance(params: dict[str, Any]) -> bool:
+def uses_guidance(params: ImageParams) -> bool:
     """WanPipeline runs classifier-free guidance when guidance_scale > 1."""
-    return float(params.get("guidance_scale") or 0.0) > 1.0
+    return params.guidance_scale > 1.0
 
 
 def build_umt5(
@@ -147,5 +148,5 @@ class PromptEncoder:
 class WanTextEncoderNode(PromptEmbedsNode):
     """The shared text_encoder node with Wan's guidance rule (guidance_scale > 1)."""
 
-    def uses_guidance(self, params: dict[str, Any]) -> bool:
+    def uses_guidance(self, params: ImageParams) -> bool:
         return uses_guidance(params)

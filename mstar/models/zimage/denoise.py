@@ -96,11 +96,9 @@ class ZImageHooks:
 
     def start(self, request: RequestState) -> DenoiseStart:
         params = request.params
-        height, width = latent_size(params["height"], params["width"], self.config.vae.spatial_scale)
-        sampler = make_sampler(self.config.scheduler, params["num_inference_steps"], height, width)
-        latents = seeded_noise(
-            (self.config.dit.in_channels, height, width), params["seed"], device=self.device
-        )
+        height, width = latent_size(params.height, params.width, self.config.vae.spatial_scale)
+        sampler = make_sampler(self.config.scheduler, params.num_inference_steps, height, width)
+        latents = seeded_noise((self.config.dit.in_channels, height, width), params.seed, device=self.device)
         patch = self.config.dit.patch_size
         num_image = padded_len((height // patch) * (width // patch))
         use_guidance = uses_guidance(params)
@@ -112,7 +110,7 @@ class ZImageHooks:
             latents=latents,
             sampler=sampler,
             num_tokens=num_tokens,
-            guidance_scale=float(params.get("guidance_scale") or 0.0),
+            guidance_scale=params.guidance_scale,
             use_guidance=use_guidance,
         )
 

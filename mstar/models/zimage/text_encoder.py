@@ -11,6 +11,7 @@ import torch
 from mstar.engine.cuda_graphs import DEFAULT_BUCKET_LENGTHS, GraphedByLength
 from mstar.engine.transfer import to_device
 from mstar.models.text_encoding import PromptEmbedsNode
+from mstar.params import ImageParams
 
 # What Qwen3's chat template renders for one user turn with add_generation_prompt=True and
 # enable_thinking=True (used when a tokenizer carries no template, e.g. the fallback tokenizer).
@@ -99,15 +100,15 @@ def _pad_id(tokenizer: Any) -> int:
     return 0 if pad_id is None else int(pad_id)
 
 
-def uses_guidance(params: dict[str, Any]) -> bool:
+def uses_guidance(params: ImageParams) -> bool:
     """The pipeline runs classifier-free guidance whenever guidance_scale > 0."""
-    return float(params.get("guidance_scale") or 0.0) > 0.0
+    return params.guidance_scale > 0.0
 
 
 class TextEncoderNode(PromptEmbedsNode):
     """The shared text_encoder node with Z-Image's guidance rule (guidance_scale > 0)."""
 
-    def uses_guidance(self, params: dict[str, Any]) -> bool:
+    def uses_guidance(self, params: ImageParams) -> bool:
         return uses_guidance(params)
 
 

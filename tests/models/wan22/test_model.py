@@ -17,9 +17,9 @@ def _validate(**fields):
 
 def test_defaults_are_the_shipped_settings():
     params = _validate(seed=3)
-    assert (params["width"], params["height"], params["num_frames"]) == (1280, 704, 121)
-    assert (params["fps"], params["num_inference_steps"], params["guidance_scale"]) == (24, 50, 5.0)
-    assert params["negative_prompt"] == "" and params["seed"] == 3 and not params["image_to_video"]
+    assert (params.width, params.height, params.num_frames) == (1280, 704, 121)
+    assert (params.fps, params.num_inference_steps, params.guidance_scale) == (24, 50, 5.0)
+    assert params.negative_prompt == "" and params.seed == 3 and not params.image_to_video
     assert isinstance(_validate()["seed"], int)
     assert get_model_spec("wan2.2-ti2v-5b").name == "wan2.2-ti2v-5b"
     limits = Wan22Spec().limits()

@@ -7,6 +7,7 @@ from mstar.graph import RequestState
 from mstar.models.zimage.config import TINY
 from mstar.models.zimage.text_encoder import PromptEncoder, TextEncoderNode
 from mstar.models.zimage.weights import build_vae_decoder
+from tests.models.text_params import text_params
 
 
 def test_vae_decode_matches_diffusers(tiny_folder):
@@ -38,8 +39,8 @@ def test_prompt_embeddings_match_encode_prompt(tiny_folder):
 def test_text_node_encodes_negative_prompt_only_under_guidance(tiny_folder):
     _, pipe = tiny_folder
     node = TextEncoderNode(PromptEncoder(pipe.text_encoder, pipe.tokenizer, "cpu"))
-    plain = RequestState("a", {"prompt": "a cat", "guidance_scale": 0.0})
-    guided = RequestState("b", {"prompt": "a cat", "negative_prompt": "blurry", "guidance_scale": 2.0})
+    plain = RequestState("a", text_params("a cat", 0.0))
+    guided = RequestState("b", text_params("a cat", 2.0, "blurry"))
     node.forward([plain, guided])
     assert set(plain.tensors) == {"prompt_embeds"}
     assert set(guided.tensors) == {"prompt_embeds", "negative_prompt_embeds"}
