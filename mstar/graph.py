@@ -146,6 +146,10 @@ class GenerationParams:
     has_input_reference: bool = False
 
 
+# Labels: the streams of one request in a packed step (its conditioned pass, and the unconditioned
+# one of classifier-free guidance); a family's geometry says which a request has.
+COND, UNCOND = "cond", "uncond"
+
 # The media a request ends in: what the API encodes the final walk's output as.
 OutputKind = Literal["image", "video", "video+audio", "text"]
 

@@ -20,14 +20,14 @@ kernels; convolutions stay on cuDNN's heuristic algorithm choice (torch.backends
 stays off). Shapes are compiled static (`dynamic=False`): the first chunk and the steady-state
 chunks are two graphs per resolution, compiled at warmup (chunk inputs and frame tails carry
 canonical strides, so every clip length reuses them). Inductor's comprehensive padding is off for
-the VAE (VAE_INDUCTOR_OPTIONS). `verify_fast_path(latents)` at warmup checks the compiled frames
-against the plain decode and falls back to eager on a mismatch. On CPU compiling is turned off.
+the VAE (VAE_INDUCTOR_OPTIONS). The fast path is mstar.engine.checked_compile.CheckedCompile's:
+`verify_fast_path(latents)` at warmup checks its frames against the plain decode for that shape,
+which decodes plainly from then on after a mismatch. On CPU compiling is turned off.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -35,10 +35,11 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+from mstar.engine.checked_compile import CheckedCompile
+
 logger = logging.getLogger(__name__)
 
 DecodePath = Literal["auto", "plain", "fast"]
-MIN_FAST_PATH_PSNR_DB = 40.0  # fast vs plain uint8 frames: bf16 kernel differences stay far above this
 
 # Inductor's comprehensive padding (GPU only) pads the strides of contiguous intermediates to
 # 128 bytes. In torch 2.11 a Conv3d decoder whose upsampled H*W stride is misaligned then reads a
@@ -83,12 +84,6 @@ def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
     # fp32 arithmetic: bf16 has a step of 1.0 between 128 and 256, which would bias the rounding.
     pixels = ((video.float().clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
     return pixels.permute(0, 2, 3, 4, 1)
-
-
-def uint8_psnr_db(frames: torch.Tensor, reference: torch.Tensor) -> float:
-    """PSNR of uint8 frames against reference frames of the same shape (inf when equal)."""
-    mse = (frames.float() - reference.float()).pow(2).mean().item()
-    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
 def convert_to_channels_last(module: nn.Module) -> nn.Module:
@@ -140,6 +135,11 @@ class VaeDecodeRunner:
             convert_to_channels_last(decoder)  # type: ignore[arg-type]
         self._uint8_step = self._wrap(self._step_uint8, "vae_decode_uint8", compile_backend, dynamic)
         self._video_step = self._wrap(self._step_video, "vae_decode_video", compile_backend, dynamic)
+        steps = [s for s in (self._uint8_step, self._video_step) if hasattr(s, "finish_warmup")]
+        self.fast = CheckedCompile(
+            self._decode_fast, self.decode_plain_uint8, "VAE fast decode", key=_clip_shape, parts=steps,
+            check_first_call=False,
+        )  # fmt: skip
 
     def _wrap(self, fn, name: str, compile_backend: str | None, dynamic: bool):
         from mstar.engine.compile import CompiledFunction
@@ -159,7 +159,7 @@ class VaeDecodeRunner:
         latents = self._as_clip(latents)
         if self.choose_path(latents.shape[2], path) == "plain":
             return self.decode_plain_uint8(latents)
-        return self.decode_fast_uint8(latents)
+        return self.fast(latents)
 
     @staticmethod
     def choose_path(num_latent_frames: int, path: DecodePath = "auto") -> Literal["plain", "fast"]:
@@ -177,6 +177,10 @@ class VaeDecodeRunner:
             return to_uint8_frames(video)[0]
 
     def decode_fast_uint8(self, latents: torch.Tensor) -> torch.Tensor:
+        """The fast path's frames, checked or not (tests and benchmarks time it alone)."""
+        return self._decode_fast(latents)
+
+    def _decode_fast(self, latents: torch.Tensor) -> torch.Tensor:
         import torch
 
         with torch.inference_mode():
@@ -190,7 +194,7 @@ class VaeDecodeRunner:
         queued right behind its chunk and waited for only after the next chunk is queued, so the
         device keeps decoding while the caller passes a piece on."""
         latents = self._as_clip(latents)
-        if self.choose_path(latents.shape[2], path) == "plain":
+        if self.choose_path(latents.shape[2], path) == "plain" or not self.fast.serves_compiled(latents):
             yield self.decode_plain_uint8(latents).cpu()
             return
         pending = None
@@ -210,33 +214,22 @@ class VaeDecodeRunner:
             chunks = list(self._run_chunks(self._as_clip(latents), self._video_step))
             return torch.cat(chunks, dim=2)
 
-    def verify_fast_path(self, latents: torch.Tensor, min_psnr_db: float = MIN_FAST_PATH_PSNR_DB) -> float:
+    def verify_fast_path(self, latents: torch.Tensor) -> float:
         """PSNR (dB) of the fast path's frames against the plain eager decode of `latents`.
 
-        Below `min_psnr_db` (a miscompile: torch 2.11 gave 14.5 dB) the fast path falls back to the
-        eager step, with an error logged, so wrong frames are never served. Call at warmup with
-        random latents (zeros decode to near-flat frames that hide layout bugs).
-        """
-        psnr_db = uint8_psnr_db(self.decode_fast_uint8(latents), self.decode_plain_uint8(latents))
-        if psnr_db < min_psnr_db:
-            logger.error(
-                "VAE fast decode (compile_mode=%s) disagrees with the plain decode: PSNR %.1f dB "
-                "< %.1f dB; decoding clips uncompiled from now on",
-                self.compile_mode, psnr_db, min_psnr_db,
-            )  # fmt: skip
-            self.compile_mode = "off"
-            self._uint8_step, self._video_step = self._step_uint8, self._step_video
-        return psnr_db
+        Below mstar.engine.checked_compile.MIN_PSNR_DB (a miscompile: torch 2.11 gave 14.5 dB) clips
+        of this shape decode plainly from then on, with a warning, so wrong frames are never
+        served. Call at warmup with random latents (zeros decode to near-flat frames that hide
+        layout bugs)."""
+        return self.fast.check(self._as_clip(latents))
 
     def finish_warmup(self) -> None:
         """After warmup decodes: a compile from now on is a recompile (logged, counted)."""
-        for step in (self._uint8_step, self._video_step):
-            if hasattr(step, "finish_warmup"):
-                step.finish_warmup()
+        self.fast.finish_warmup()
 
     @property
     def num_recompiles(self) -> int:
-        return sum(getattr(step, "num_recompiles", 0) for step in (self._uint8_step, self._video_step))
+        return self.fast.num_recompiles
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -271,6 +264,10 @@ class VaeDecodeRunner:
         # x: [1, z, 1, h, w] -> uint8 frames [f, H, W, 3]
         frames, tails = self.decoder.decode_chunk(self.decoder.post_quant_conv(x), tails)
         return to_uint8_frames(self.decoder.to_video(frames))[0], tails
+
+
+def _clip_shape(latents: torch.Tensor) -> tuple[int, ...]:
+    return tuple(latents.shape)
 
 
 def _start_host_copy(frames: torch.Tensor) -> tuple[torch.Tensor, Any]:

@@ -1,19 +1,34 @@
-"""Model names users type, mapped to their specs. Specs import lazily so the API stays light."""
+"""Model names users type, mapped to their families' spec and bench entry. Both import lazily, so
+the API stays light (no torch) and `mstar bench` finds every family here, by its registering.
+
+Adding a family: a folder models/<family>/ (geometry.py, model.py, pipeline.py, the eager model
+files, optimize.py, bench.py) and one line below (docs/architecture.md walks through it).
+"""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import Any
 
 from mstar.errors import UnknownModel
 from mstar.graph import ModelSpec
 
 DEFAULT_MODEL = "tiny-digits"
 
-# name -> "module:ModelSpec subclass"
-MODELS: dict[str, str] = {
-    "tiny-digits": "mstar.models.tiny_digits.model:TinyDigitsSpec",
-    "wan2.2-ti2v-5b": "mstar.models.wan22.model:Wan22Spec",
-    "z-image-turbo": "mstar.models.zimage.model:ZImageSpec",
+
+@dataclass(frozen=True)
+class Registered:
+    spec: str  # "module:ModelSpec subclass"
+    bench: str | None = None  # "module:BenchEntry subclass" (mstar.models.bench_entry), if benchmarked
+
+
+MODELS: dict[str, Registered] = {
+    "tiny-digits": Registered("mstar.models.tiny_digits.model:TinyDigitsSpec"),
+    "wan2.2-ti2v-5b": Registered("mstar.models.wan22.model:Wan22Spec", "mstar.models.wan22.bench:WanBench"),
+    "z-image-turbo": Registered(
+        "mstar.models.zimage.model:ZImageSpec", "mstar.models.zimage.bench:ZImageBench"
+    ),
 }
 
 
@@ -21,16 +36,19 @@ def model_names() -> list[str]:
     return list(MODELS)
 
 
+def _resolve(target: str) -> Any:
+    module_name, attribute = target.split(":", 1)
+    return getattr(importlib.import_module(module_name), attribute)
+
+
 def get_model_spec(name: str) -> ModelSpec:
     """A registered name, or "package.module:SpecClass" (any importable ModelSpec subclass)."""
-    target = MODELS.get(name)
-    if target is None and ":" in name:
-        target = name
+    registered = MODELS.get(name)
+    target = registered.spec if registered is not None else (name if ":" in name else None)
     if target is None:
         raise UnknownModel(name)
-    module_name, class_name = target.split(":", 1)
     try:
-        spec_class = getattr(importlib.import_module(module_name), class_name)
+        spec_class = _resolve(target)
     except (ImportError, AttributeError) as exc:
         if name in MODELS:
             raise
@@ -38,6 +56,11 @@ def get_model_spec(name: str) -> ModelSpec:
     if not (isinstance(spec_class, type) and issubclass(spec_class, ModelSpec)):
         raise UnknownModel(name)
     return spec_class()
+
+
+def bench_entries() -> list[Any]:
+    """Every registered family's bench entry (mstar.models.bench_entry.BenchEntry), in order."""
+    return [_resolve(registered.bench)() for registered in MODELS.values() if registered.bench is not None]
 
 
 def spec_path(spec: ModelSpec) -> str:

@@ -8,9 +8,8 @@ import torch
 
 from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS, PromptEmbedsCache
-from mstar.models.wan22.nodes import WanTextEncoderNode
 from tests.models.test_prompt_encoders import wan_encoder
-from tests.models.text_params import text_params
+from tests.models.text_params import text_params, wan_text_node
 
 
 class CountingEncoder:
@@ -30,7 +29,7 @@ def guided(request_id: str, prompt: str, negative: str | None = None) -> Request
 
 def test_each_new_text_is_encoded_once_and_repeats_come_from_the_cache():
     encoder = CountingEncoder()
-    node = WanTextEncoderNode(encoder)
+    node = wan_text_node(encoder)
     first = [guided("a", "a fox"), guided("b", "a lighthouse"), guided("c", "a fox", "blurry")]
     node.forward(first)
     assert encoder.calls == [["a fox", "", "a lighthouse", "blurry"]]
@@ -46,13 +45,13 @@ def test_each_new_text_is_encoded_once_and_repeats_come_from_the_cache():
 def test_unguided_requests_encode_no_negative_prompt():
     encoder = CountingEncoder()
     request = RequestState("a", text_params("a fox", 1.0))
-    WanTextEncoderNode(encoder).forward([request])
+    wan_text_node(encoder).forward([request])
     assert encoder.calls == [["a fox"]] and set(request.tensors) == {PROMPT_EMBEDS}
 
 
 def test_a_zero_budget_turns_the_cache_off():
     encoder = CountingEncoder()
-    node = WanTextEncoderNode(encoder, max_cached_bytes=0)
+    node = wan_text_node(encoder, max_cached_bytes=0)
     node.forward([guided("a", "a fox")])
     node.forward([guided("b", "a fox")])
     assert encoder.calls == [["a fox", ""], ["a fox", ""]] and len(node.cache) == 0
@@ -72,7 +71,7 @@ def test_the_least_recently_used_text_goes_first_when_over_budget():
 
 def test_a_cached_embedding_equals_a_fresh_forward_of_the_real_encoder():
     encoder = wan_encoder()
-    node = WanTextEncoderNode(encoder)
+    node = wan_text_node(encoder)
     cached_run, fresh_run = guided("a", "a lighthouse at night"), guided("b", "a lighthouse at night")
     node.forward([cached_run])
     node.forward([fresh_run])

@@ -9,17 +9,13 @@ the package (weights/), trained by `python -m mstar.models.tiny_digits.train`.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from mstar.errors import InvalidParam
 from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
-from mstar.models.tiny_digits.config import (
-    CONFIG_FILE,
-    IMAGE_SIZE,
-    OUTPUT_SIZE,
-    WEIGHTS_DIR,
-    default_dit_config,
-)
+from mstar.models.tiny_digits.config import CONFIG_FILE, WEIGHTS_DIR, TinyDigitsConfig
+from mstar.models.tiny_digits.geometry import DigitsGeometry
 from mstar.models.validation import (
     check_prompts,
     check_single_image,
@@ -38,22 +34,10 @@ MAX_GUIDANCE = 20.0
 MAX_PROMPT_CHARS = 1000
 
 
-def _shipped_defaults() -> dict[str, Any]:
-    """Sampling defaults and output size from weights/config.json (plain JSON, no torch)."""
+def _shipped() -> dict[str, Any]:
+    """weights/config.json (plain JSON, no torch), the defaults where it is absent."""
     path = WEIGHTS_DIR / CONFIG_FILE
-    shipped = json.loads(path.read_text()) if path.exists() else {}
-    return {
-        "output_size": shipped.get("output_size", OUTPUT_SIZE),
-        "steps": shipped.get("default_steps", 20),
-        "guidance_scale": shipped.get("default_guidance_scale", 3.5),
-        "num_tokens": _num_tokens(shipped.get("image_size", IMAGE_SIZE), shipped.get("dit", {})),
-    }
-
-
-def _num_tokens(image_size: int, dit: dict[str, Any]) -> int:
-    """DiT tokens of one image: a one-frame [C, 1, image_size, image_size] cut into patches."""
-    _, patch_h, patch_w = dit.get("patch_size", default_dit_config()["patch_size"])
-    return (image_size // patch_h) * (image_size // patch_w)
+    return json.loads(path.read_text()) if path.exists() else asdict(TinyDigitsConfig())
 
 
 class DigitsParams(ImageParams, kw_only=True):
@@ -74,11 +58,11 @@ class TinyDigitsSpec(ModelSpec):
     }
 
     def __init__(self) -> None:
-        defaults = _shipped_defaults()
-        self.output_size: int = defaults["output_size"]
-        self.default_steps: int = defaults["steps"]
-        self.default_guidance: float = float(defaults["guidance_scale"])
-        self.num_tokens: int = defaults["num_tokens"]
+        shipped = _shipped()
+        self.geometry = DigitsGeometry.of(shipped)
+        self.output_size: int = shipped["output_size"]
+        self.default_steps: int = shipped["default_steps"]
+        self.default_guidance: float = float(shipped["default_guidance_scale"])
 
     @property
     def size(self) -> str:
@@ -117,8 +101,7 @@ class TinyDigitsSpec(ModelSpec):
                 raise InvalidParam("size", f"tiny-digits only makes {self.size} images, got {width}x{height}")
 
     def step_tokens(self, params: DigitsParams) -> int:
-        num_labels = 2 if params.guidance_scale > 1.0 else 1  # as the dit's start
-        return self.num_tokens * num_labels
+        return self.geometry.step_tokens(params.guidance_scale)
 
     def first_walk(self, params: DigitsParams) -> str:
         return "encode_text"
@@ -130,6 +113,6 @@ class TinyDigitsSpec(ModelSpec):
         return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
-        from mstar.models.tiny_digits.nodes import build_digits_nodes
+        from mstar.models.tiny_digits.nodes import build_nodes
 
-        return build_digits_nodes(ctx)
+        return build_nodes(ctx)

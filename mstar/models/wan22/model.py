@@ -23,6 +23,7 @@ from mstar.models.validation import (
     seed_or_random,
 )
 from mstar.models.wan22.config import Wan22Config
+from mstar.models.wan22.geometry import WanGeometry
 from mstar.models.warmup import sized_warmup_requests
 from mstar.params import VideoParams
 
@@ -53,6 +54,7 @@ class Wan22Spec(ModelSpec):
 
     def __init__(self, config: Wan22Config | None = None):
         self.config = config or Wan22Config()
+        self.geometry = WanGeometry.of(self.config)
 
     def limits(self) -> dict[str, Any]:
         c = self.config
@@ -119,16 +121,9 @@ class Wan22Spec(ModelSpec):
 
     def step_tokens(self, params: WanParams) -> int:
         """DiT tokens of the request (latent frames x patches) times its guidance labels."""
-        c = self.config
-        p_t, p_h, p_w = c.dit.patch_size
-        num_latent_frames = (params.num_frames - 1) // c.vae_scale_temporal + 1
-        num_tokens = (
-            (num_latent_frames // p_t)
-            * (params.height // c.vae_scale_spatial // p_h)
-            * (params.width // c.vae_scale_spatial // p_w)
+        return self.geometry.step_tokens(
+            params.width, params.height, params.num_frames, params.guidance_scale
         )
-        num_labels = 2 if params.guidance_scale > 1.0 else 1  # as uses_guidance
-        return num_tokens * num_labels
 
     def first_walk(self, params: WanParams) -> str:
         return "encode_text"

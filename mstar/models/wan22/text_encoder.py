@@ -1,16 +1,14 @@
-"""Wan's text encoder node: UMT5 encoder (transformers) -> per-prompt embeddings, as WanPipeline.
+"""Wan's prompt encoder: the UMT5 encoder (transformers) -> one embedding per prompt, as WanPipeline.
 
-For each request it encodes the prompt and, under guidance, the negative prompt (default ""), and
-stores request.tensors["prompt_embeds"] / ["negative_prompt_embeds"]: [num_tokens, d_model], the
-real tokens only. The DiT side pads them with zeros to max_text_tokens, which is what diffusers
-feeds the transformer (it attends to the padding too).
+Each embedding is [num_tokens, d_model], the real tokens only; the pipeline pads them with zeros to
+max_text_tokens for the DiT, which is what diffusers feeds the transformer (it attends to the
+padding too).
 """
 
 from __future__ import annotations
 
 import html
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,19 +16,12 @@ import torch
 from mstar.engine.cuda_graphs import DEFAULT_BUCKET_LENGTHS, GraphedByLength
 from mstar.engine.transfer import to_device
 from mstar.models.checkpoint import build_module
-from mstar.models.text_encoding import PromptEmbedsNode
-from mstar.params import ImageParams
 
 
 def clean_prompt(text: str) -> str:
     """diffusers' prompt_clean without ftfy: unescape HTML twice, collapse whitespace."""
     text = html.unescape(html.unescape(text)).strip()
     return re.sub(r"\s+", " ", text).strip()
-
-
-def uses_guidance(params: ImageParams) -> bool:
-    """WanPipeline runs classifier-free guidance when guidance_scale > 1."""
-    return params.guidance_scale > 1.0
 
 
 def build_umt5(
@@ -51,18 +42,7 @@ def build_umt5(
     )
 
 
-def load_tokenizer(folder: str | None, vocab_size: int):
-    """The checkpoint's tokenizer/ folder, else the deterministic fallback (no downloads)."""
-    if folder is not None and Path(folder).is_dir():
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(folder)
-    from mstar.models.text_fallback import fallback_tokenizer
-
-    return fallback_tokenizer(vocab_size=vocab_size)
-
-
-class PromptEncoder:
+class UMT5PromptEncoder:
     """Prompts -> UMT5 embeddings. The 256k-row token embedding (2.1 GB for UMT5-XXL) stays in host
     memory: a prompt gathers at most 512 of its rows there, and only those travel. With `offload`,
     the blocks' weights live in host memory too and stream to the device for each forward
@@ -76,8 +56,8 @@ class PromptEncoder:
         tokenizer: Any,
         device: str | torch.device,
         max_text_tokens: int = 512,
-        offload: bool = False,
         cuda_graphs: bool = False,
+        offload: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -143,10 +123,3 @@ class PromptEncoder:
             hidden = block(hidden, mask)
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden  # older transformers: a tuple
         return encoder.final_layer_norm(hidden)
-
-
-class WanTextEncoderNode(PromptEmbedsNode):
-    """The shared text_encoder node with Wan's guidance rule (guidance_scale > 1)."""
-
-    def uses_guidance(self, params: ImageParams) -> bool:
-        return uses_guidance(params)

@@ -24,10 +24,10 @@ from mstar.models.validation import (
 )
 from mstar.models.warmup import sized_warmup_requests
 from mstar.models.zimage.config import REAL, ZImageConfig
+from mstar.models.zimage.geometry import ZImageGeometry
 from mstar.params import ImageParams
 
 SIZE_MULTIPLE = 16  # VAE 8x times patch 2
-SEQ_MULTI_OF = 32  # the DiT pads image and caption tokens to this multiple
 DEFAULT_SIZE = 1024
 MIN_SIDE = 64
 MAX_SIDE = 4096
@@ -61,6 +61,7 @@ class ZImageSpec(ModelSpec):
 
     def __init__(self, config: ZImageConfig = REAL):
         self.config = config
+        self.geometry = ZImageGeometry.of(config)
 
     def limits(self) -> dict[str, Any]:
         side = {**range_limit(DEFAULT_SIZE, self.min_side, MAX_SIDE), "multiple_of": SIZE_MULTIPLE}
@@ -97,13 +98,7 @@ class ZImageSpec(ModelSpec):
 
     def step_tokens(self, params: ZImageParams) -> int:
         """Image plus caption tokens (the caption at its longest) times the guidance labels."""
-        config = self.config
-        patch = config.dit.patch_size
-        latent_scale = config.vae.spatial_scale * patch  # pixels per token side
-        num_image = (params.height // latent_scale) * (params.width // latent_scale)
-        num_tokens = _padded(num_image) + _padded(config.max_sequence_length)
-        num_labels = 2 if params.guidance_scale > 0.0 else 1  # as uses_guidance
-        return num_tokens * num_labels
+        return self.geometry.step_tokens(params.width, params.height, params.guidance_scale)
 
     def first_walk(self, params: ZImageParams) -> str:
         return "encode_text"
@@ -118,8 +113,3 @@ class ZImageSpec(ModelSpec):
         from mstar.models.zimage.nodes import build_nodes
 
         return build_nodes(self.config, ctx)
-
-
-def _padded(num_tokens: int) -> int:
-    """Rounded up to the DiT's sequence multiple (zimage.dit.SEQ_MULTI_OF, kept torch-free here)."""
-    return num_tokens + (-num_tokens) % SEQ_MULTI_OF

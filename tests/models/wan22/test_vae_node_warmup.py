@@ -2,7 +2,10 @@
 
 import torch
 
-from mstar.models.wan22.nodes import WanVAEDecodeNode
+from mstar.config import CompileSize
+from mstar.diffusion.vae_nodes import DecodeNode
+from mstar.models.wan22.config import tiny_wan22_config
+from mstar.models.wan22.pipeline import WanPipeline
 
 
 class RecordingRunner:
@@ -26,8 +29,11 @@ class RecordingRunner:
 
 def test_warmup_verifies_clip_shapes_on_random_latents():
     runner = RecordingRunner()
-    node = WanVAEDecodeNode(runner, config=None, warmup_shapes=[(4, 3, 2, 2), (4, 1, 2, 2)])
+    sizes = [CompileSize(width=32, height=32, num_frames=9), CompileSize(width=32, height=32, num_frames=1)]
+    node = DecodeNode(
+        WanPipeline(tiny_wan22_config(), "cpu", torch.float32, decoder=runner), warmup_sizes=sizes
+    )
     node.warmup()
-    assert runner.verified == [(1, 4, 3, 2, 2)]  # the one-frame image shape takes the plain path
+    assert runner.verified == [(1, 16, 3, 4, 4)]  # the one-frame image shape takes the plain path
     assert all(latents.abs().sum() > 0 for latents in runner.decoded)
     assert runner.finished

@@ -7,9 +7,17 @@ import torch._dynamo
 
 from mstar.diffusion.packing import pad_rows
 from mstar.engine.attention import build_attention
+from mstar.engine.compile import compile_methods
 from mstar.models.zimage.config import TINY
-from mstar.models.zimage.dit import DiTInput
+from mstar.models.zimage.dit import DiTInput, ZImageDiT
 from mstar.models.zimage.weights import build_dit
+
+# as build_dit_node compiles them, with inductor replaced by aot_eager (no C++ build on the CPU)
+SERVED_OPTIONS = {
+    "persistent_rows": True,
+    "duck_shapes": False,
+    "backend": torch._dynamo.lookup_backend("aot_eager"),
+}
 
 
 def _items(sizes):
@@ -30,9 +38,11 @@ def test_each_stack_compiles_once_for_every_item_count_and_matches_eager():
     attention = build_attention("torch", "cpu", torch.float32)
     with torch.inference_mode():
         eager = [dit(_items(sizes), attention) for sizes in BATCHES]
-        dit.compile_layers("deterministic", backend=torch._dynamo.lookup_backend("aot_eager"))
+        parts = compile_methods(
+            dit, ZImageDiT.compiled_methods, "deterministic", "zimage.dit", **SERVED_OPTIONS
+        )
         compiled = [dit(_items(sizes), attention) for sizes in BATCHES]
-    assert [part.num_compiles for part in dit._compiled_parts()] == [1, 1]
+    assert [part.num_compiles for part in parts.parts] == [1, 1]
     for want, got in zip(eager, compiled, strict=True):
         for a, b in zip(want, got, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mstar.config import ServerConfig
+from mstar.config import CompileSize, ServerConfig
 from mstar.graph import BuildContext, RequestState
 from mstar.models.zimage.config import TINY
 from mstar.models.zimage.model import ZImageParams, ZImageSpec
@@ -124,7 +124,7 @@ def test_build_needs_weights_or_random_weights():
 
 def test_warmup_runs_single_and_paired_steps(nodes):
     dit = nodes["dit"]
-    dit.warmup_sizes = [(48, 32)]
+    dit.warmup_sizes = [CompileSize(width=48, height=32)]
     try:
         dit.warmup()
     finally:

@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from mstar.bench.step import time_forward
+from mstar.config import CompileSize
 from mstar.diffusion.noise import seeded_noise
+from mstar.diffusion.vae_nodes import FRAMES, LATENTS, DecodeNode
 from mstar.graph import RequestState
 from mstar.models.zimage.config import REAL
-from mstar.models.zimage.denoise import LATENTS
-from mstar.models.zimage.nodes import FRAMES, VAEDecodeNode
+from mstar.models.zimage.nodes import checked_decode
+from mstar.models.zimage.pipeline import ZImagePipeline
 from mstar.models.zimage.weights import build_vae_decoder
 
 pytestmark = pytest.mark.gpu
@@ -20,17 +22,18 @@ pytestmark = pytest.mark.gpu
 def test_warmup_compiles_1024_decode_that_matches_eager_and_is_faster():
     torch._dynamo.reset()
     vae = build_vae_decoder(REAL.vae, "cuda", torch.bfloat16)
-    node = VAEDecodeNode(vae, "deterministic", warmup_sizes=[(1024, 1024)])
+    decode = checked_decode(vae, "deterministic")
+    pipeline = ZImagePipeline(REAL, "cuda", vae=vae, decoder=decode)
+    node = DecodeNode(pipeline, warmup_sizes=[CompileSize(width=1024, height=1024)])
     start = time.perf_counter()
     node.warmup()
     warmup_s = time.perf_counter() - start
-    decode = node.decode
-    psnr_db = decode.psnr_db_by_size[(128, 128)]
-    assert not decode.eager_sizes and decode.compiled.num_compiles == 1
+    psnr_db = decode.scores[(128, 128)]
+    assert not decode.eager_keys and decode.parts[0].num_compiles == 1
     assert psnr_db >= 40.0
 
     latents = seeded_noise((REAL.vae.latent_channels, 128, 128), seed=7, device="cuda")
-    request = RequestState("r", {})
+    request = RequestState("r", None)
     request.tensors[LATENTS] = latents.clone()
     node.forward([request])
     frames = request.tensors[FRAMES]
