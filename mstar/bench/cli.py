@@ -1,4 +1,4 @@
-"""`mstar bench serve | step | diffusers | report`: every speed claim is a number measured side by side.
+"""`mstar bench serve | step | diffusers | parity | report`: every claim is a number measured side by side.
 
 Each benchmark writes a JSON result (with date, GPU, versions, command) and a markdown table next
 to it, and prints the table. `report` turns result files into a dated section of docs/benchmarks.md.
@@ -161,6 +161,26 @@ def _diffusers_parser(sub: Any) -> None:
     _add_output(parser, "diffusers")
 
 
+def _parity_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "parity", help="our nodes vs the reference pipeline on one folder it wrote (random weights)"
+    )
+    parser.add_argument("model", help="wan2.2-ti2v-5b or z-image-turbo")
+    parser.add_argument("--variant", help="wan2.2-ti2v-5b: t2v (default), i2v, or t2v,i2v (one folder)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="tiny configs (CPU tests)")
+    parser.add_argument("--seed", type=int, default=0, help="the random weights' seed")
+    parser.add_argument(
+        "--compile-mode", default="off", choices=["off", "deterministic", "default", "max-autotune"]
+    )
+    parser.add_argument(
+        "--steps", type=int, dest="num_inference_steps", help="the default case's steps (model default)"
+    )
+    parser.add_argument("--folder", help="the reference is written to a new folder in it (default: temp dir)")
+    parser.add_argument("--keep-folder", action="store_true")
+    _add_output(parser, "parity")
+
+
 def _report_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "report", help="write result JSON files as a new dated section of docs/benchmarks.md"
@@ -180,7 +200,8 @@ def _report_parser(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench", description=__doc__)
     sub = parser.add_subparsers(dest="benchmark", required=True)
-    for add in (_serve_parser, _suite_parser, _step_parser, _diffusers_parser, _report_parser, _table_parser):
+    parsers = (_serve_parser, _suite_parser, _step_parser, _diffusers_parser, _parity_parser)
+    for add in (*parsers, _report_parser, _table_parser):
         add(sub)
     return parser
 
@@ -260,6 +281,12 @@ def _run(args: argparse.Namespace, argv: list[str], write: Any) -> dict[str, Any
         )
         names += ("device", "dtype", "seed", "tiny", "skip_ours", "skip_diffusers")
         return run_step_benchmark(StepOptions(**{n: getattr(args, n) for n in names}))
+    if args.benchmark == "parity":
+        from mstar.bench.parity import ParityOptions, run_parity
+
+        names = ("model", "variant", "device", "tiny", "seed", "compile_mode", "num_inference_steps")
+        names += ("folder", "keep_folder")
+        return run_parity(ParityOptions(**{n: getattr(args, n) for n in names}))
     from mstar.bench.pipelines import PipelineOptions, run_pipeline_benchmark
 
     names = ("workloads", "modes", "num_warmup", "num_timed", "num_inference_steps", "device", "seed")

@@ -105,6 +105,7 @@ def diffusers_table(result: dict[str, Any]) -> str:
 
 
 def result_markdown(result: dict[str, Any]) -> str:
+    from mstar.bench.parity import parity_table
     from mstar.bench.suite_report import suite_table
 
     tables = {
@@ -112,6 +113,7 @@ def result_markdown(result: dict[str, Any]) -> str:
         "step": step_table,
         "diffusers": diffusers_table,
         "serve-suite": suite_table,
+        "parity": parity_table,
     }
     table = tables[result["benchmark"]](result)
     notes = "".join(f"\n- {note}" for note in result.get("notes", []))

@@ -202,6 +202,10 @@ def compact_table(results: list[dict[str, Any]]) -> str:
             table = suite_table(result)
         elif name == "step":
             table = _compact_step_table(result)
+        elif name == "parity":
+            from mstar.bench.parity import parity_table
+
+            table = parity_table(result)
         else:
             table = serve_table(result) if name == "serve" else diffusers_table(result)
         notes = "".join(f"\n- {note}" for note in result.get("notes", []))

@@ -1,8 +1,11 @@
 """Flow-matching samplers, one instance per request, numerically equal to diffusers' schedulers.
 
     sampler = UniPCSampler(num_steps=50, shift=5.0)            # Wan2.2 (UniPCMultistepScheduler)
+    sampler = UniPCSampler.from_config(UniPCConfig.from_json_file(path), num_steps=20)  # a folder's
     sampler = FlowMatchEulerSampler(num_steps=8, shift=3.0,    # Z-Image-Turbo
                                     sigmas=linear_sigmas(8))
+    sampler = FlowMatchEulerSampler(num_steps=4, mu=mu,        # FLUX.2 (mu from the token count)
+                                    sigmas=numpy_linear_sigmas(4))
     for t in sampler.timesteps:          # float32 [num_steps], the DiT's timestep input (0..1000 scale)
         velocity = dit(latents, t)
         latents = sampler.step(velocity, latents)   # advances sampler.step_index
@@ -20,12 +23,37 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from mstar.diffusion.scheduler_config import UniPCConfig
+
 NUM_TRAIN_TIMESTEPS = 1000
+KARRAS_RHO = 7.0  # diffusers' (and the EDM paper's) value
 
 
 def linear_sigmas(num_steps: int) -> list[float]:
     """Z-Image's default schedule before shifting: linspace(1, 1/N, N) in float32."""
     return torch.linspace(1.0, 1 / num_steps, num_steps).tolist()
+
+
+def numpy_linear_sigmas(num_steps: int) -> list[float]:
+    """FLUX.2's default schedule before shifting: np.linspace(1, 1/N, N) in float64 (the scheduler
+    rounds it to float32; torch's float32 linspace can differ from that in the last bit)."""
+    return np.linspace(1.0, 1 / num_steps, num_steps).tolist()
+
+
+def native_flow_sigmas(num_steps: int, num_train_timesteps: int = NUM_TRAIN_TIMESTEPS) -> np.ndarray:
+    """linspace(1 - 1/N_train, 0, num_steps + 1)[:-1] (float64): the unshifted schedule diffusers'
+    Cosmos3 pipeline passes to set_timesteps when its use_native_flow_schedule flag is set."""
+    return np.linspace(1.0 - 1.0 / num_train_timesteps, 0.0, num_steps + 1)[:-1]
+
+
+def karras_flow_sigmas(num_steps: int, sigma_min: float, sigma_max: float) -> np.ndarray:
+    """Karras spacing from sigma_max to sigma_min (rho 7) as flow sigmas s / (s + 1), float64 [num_steps]
+    (diffusers' UniPC with use_karras_sigmas and use_flow_sigmas; no flow shift)."""
+    ramp = np.linspace(0, 1, num_steps)
+    min_inv_rho = sigma_min ** (1 / KARRAS_RHO)
+    max_inv_rho = sigma_max ** (1 / KARRAS_RHO)
+    sigmas = (max_inv_rho + ramp * (min_inv_rho - max_inv_rho)) ** KARRAS_RHO
+    return sigmas / (sigmas + 1)
 
 
 def exponential_time_shift(mu: float, sigmas: np.ndarray) -> np.ndarray:
@@ -109,6 +137,8 @@ class UniPCSampler:
     Matches diffusers' UniPCMultistepScheduler with use_flow_sigmas=True,
     prediction_type="flow_prediction", predict_x0=True, final_sigmas_type="zero" and
     timestep_spacing "linspace" (Wan2.2 ships solver_order 2, bh2, flow_shift 5.0 at 720p).
+    `karras_sigma_range` (sigma_min, sigma_max) selects use_karras_sigmas: that schedule is used as
+    is (no shift, `sigmas` only count the steps, as diffusers does).
     """
 
     def __init__(
@@ -122,6 +152,7 @@ class UniPCSampler:
         sigmas: Sequence[float] | None = None,
         mu: float | None = None,
         num_train_timesteps: int = NUM_TRAIN_TIMESTEPS,
+        karras_sigma_range: tuple[float, float] | None = None,
     ):
         _check_num_steps(num_steps)
         if solver_type not in ("bh1", "bh2"):
@@ -134,6 +165,7 @@ class UniPCSampler:
         self.disable_corrector = tuple(disable_corrector)
         self.num_train_timesteps = num_train_timesteps
         self.mu = mu
+        self.karras_sigma_range = karras_sigma_range
         schedule = self._schedule(sigmas)  # float64 [num_steps]
         # diffusers casts sigma * 1000 to int64: the DiT sees whole-number timesteps.
         self.timesteps = torch.from_numpy(schedule * num_train_timesteps).to(torch.int64).to(torch.float32)
@@ -144,12 +176,33 @@ class UniPCSampler:
         self._last_sample: torch.Tensor | None = None
         self._this_order = 1
 
+    @classmethod
+    def from_config(
+        cls, config: UniPCConfig, num_steps: int, sigmas: Sequence[float] | None = None
+    ) -> UniPCSampler:
+        """The sampler diffusers' `UniPCMultistepScheduler(**config).set_timesteps(num_steps,
+        sigmas=sigmas)` steps through."""
+        karras = (config.sigma_min, config.sigma_max) if config.use_karras_sigmas else None
+        return cls(
+            num_steps,
+            shift=config.flow_shift,
+            solver_order=config.solver_order,
+            solver_type=config.solver_type,
+            lower_order_final=config.lower_order_final,
+            disable_corrector=config.disable_corrector,
+            sigmas=sigmas,
+            num_train_timesteps=config.num_train_timesteps,
+            karras_sigma_range=karras,  # type: ignore[arg-type]
+        )
+
     def _schedule(self, sigmas: Sequence[float] | None) -> np.ndarray:
+        if sigmas is not None and len(sigmas) != self.num_steps:
+            raise ValueError(f"got {len(sigmas)} sigmas for {self.num_steps} steps")
+        if self.karras_sigma_range is not None:
+            return karras_flow_sigmas(self.num_steps, *self.karras_sigma_range)
         if sigmas is None:
             schedule = np.linspace(1, 1 / self.num_train_timesteps, self.num_steps + 1)[:-1]
         else:
-            if len(sigmas) != self.num_steps:
-                raise ValueError(f"got {len(sigmas)} sigmas for {self.num_steps} steps")
             schedule = np.asarray(sigmas)
         if self.mu is not None:
             schedule = exponential_time_shift(self.mu, schedule)

@@ -27,9 +27,13 @@ class GraphedByLength:
 
     A call pads `inputs` with `pad_id` to the smallest bucket that holds them, replays that bucket's
     graph, and returns a copy of the first L rows (the graph's output buffer is reused by the next
-    replay). With `key_mask`, fn also takes valid [1, L] bool (True on the real tokens; all True
-    when it runs eagerly, unpadded). Before `capture()`, and on other devices than CUDA, it runs
-    `fn` eagerly. `device` must be the process's current GPU (workers make their group's GPU
+    replay). With `key_mask`, fn also takes valid [1, L] bool (True on the real tokens). Before
+    `capture()`, and on other devices than CUDA, it runs `fn` eagerly: unpadded, or with `key_mask`
+    padded to the bucket as a replay is (attention both ways over a padded, masked sequence equals
+    the unpadded one in exact arithmetic only: the kernels' shapes differ, and so do the rounded
+    results; this way a prompt's states are the same with graphs or without, and those of a run
+    padded further, as a pipeline pads to its maximum length). Longer than the largest bucket, it
+    runs unpadded. `device` must be the process's current GPU (workers make their group's GPU
     current: worker.use_device)."""
 
     def __init__(
@@ -102,9 +106,11 @@ class GraphedByLength:
         """inputs [1, L, ...] on the device -> fn's output [1, L, ...] (a tensor of its own)."""
         length = inputs.shape[1]
         bucket = self.bucket_for(length)
-        if bucket is None or bucket not in self._graphs:
+        if bucket is None:
             valid = torch.ones((1, length), dtype=torch.bool, device=inputs.device) if self.key_mask else None
             return self._run(inputs, valid)
+        if bucket not in self._graphs:
+            return self.run_padded(inputs, bucket) if self.key_mask else self.fn(inputs)
         graph, static_inputs, static_valid, static_output = self._graphs[bucket]
         static_inputs[:, :length].copy_(inputs)
         static_inputs[:, length:].fill_(self.pad_id)
@@ -113,3 +119,11 @@ class GraphedByLength:
             static_valid[:, length:].fill_(False)
         graph.replay()
         return static_output[:, :length].clone()
+
+    def run_padded(self, inputs: torch.Tensor, bucket: int) -> torch.Tensor:
+        """fn over `inputs` [1, L, ...] right-padded to `bucket` (>= L), the padding masked, eagerly."""
+        length = inputs.shape[1]
+        padded = inputs.new_full((1, bucket, *self.row_shape), self.pad_id)
+        padded[:, :length] = inputs
+        valid = torch.arange(bucket, device=inputs.device)[None] < length  # [1, bucket]
+        return self.fn(padded, valid)[:, :length]

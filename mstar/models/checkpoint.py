@@ -180,6 +180,20 @@ def random_weights(
 
 
 @torch.no_grad()
+def randomize_(module: nn.Module, seed: int = 0) -> nn.Module:
+    """random_weights' rule, in place, on a module already built (e.g. a diffusers model, whose own
+    init leaves some layers zero): every floating tensor of its state dict, tied ones once."""
+    seen: set[int] = set()
+    for index, (name, tensor) in enumerate(module.state_dict(keep_vars=True).items()):
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        generator = torch.Generator(device=tensor.device).manual_seed(seed * 1_000_003 + index)
+        _fill(name, tensor.data, generator)
+    return module
+
+
+@torch.no_grad()
 def _fill(name: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
     if not tensor.is_floating_point():
         tensor.zero_()

@@ -149,3 +149,41 @@ def test_warmup_runs_one_item_and_a_pair_per_size_then_marks_the_compiled_parts_
     node.warmup()
     assert [len(call) for call in pipeline.calls] == [1, 2, 1, 2]
     assert compiled.finished and node.num_recompiles() == 0
+
+
+class Bf16Pipeline(RecordingPipeline):
+    """A bf16 DiT's outputs, guided by the pipeline's rule in their own dtype."""
+
+    def predict(self, items):
+        return [(torch.tanh(i.latents) * i.text + i.timestep / 1000).to(torch.bfloat16) for i in items]
+
+
+def test_a_bf16_denoiser_is_guided_and_stepped_in_bf16_as_the_pipeline_does():
+    """WanPipeline combines bf16 outputs in bf16 and hands them to UniPC as they are."""
+    diffusers = pytest.importorskip("diffusers")
+    from tests.diffusion.test_samplers import WAN_UNIPC_CONFIG
+
+    node = DenoiseNode(Bf16Pipeline())
+    request = _request("a", steps=4, guidance=5.0, seed=3)
+    node.prepare(request)
+    while not node.check_stop(request):
+        node.forward([request])
+
+    scheduler = diffusers.UniPCMultistepScheduler.from_config(dict(WAN_UNIPC_CONFIG, flow_shift=3.0))
+    scheduler.set_timesteps(4)
+    latents = seeded_noise((2, 3, 4), 3)
+    for t in scheduler.timesteps:
+        cond = (torch.tanh(latents) * 2.0 + float(t) / 1000).to(torch.bfloat16)
+        uncond = (torch.tanh(latents) * -1.0 + float(t) / 1000).to(torch.bfloat16)
+        guided = uncond + 5.0 * (cond - uncond)  # bf16, as the pipeline computes it
+        latents = scheduler.step(guided, t, latents, return_dict=False)[0]
+    assert torch.equal(request.tensors["latents"], latents)
+
+
+def test_wans_guidance_keeps_the_dits_dtype():
+    from mstar.models.wan22.config import tiny_wan22_config
+    from mstar.models.wan22.pipeline import WanPipeline
+
+    cond, uncond = torch.randn(4).bfloat16(), torch.randn(4).bfloat16()
+    guided = WanPipeline(tiny_wan22_config(), "cpu", torch.bfloat16).guide({COND: cond, UNCOND: uncond}, 5.0)
+    assert guided.dtype == torch.bfloat16 and torch.equal(guided, uncond + 5.0 * (cond - uncond))

@@ -85,9 +85,9 @@ class DigitsPipeline:
         return [velocity.float() for velocity in self.dit(inputs, self.attention)]
 
     def guide(self, outputs: dict[str, torch.Tensor], guidance_scale: float) -> torch.Tensor:
-        guided = outputs[COND].float()
+        guided = outputs[COND]  # float32 already (predict returns it so)
         if UNCOND in outputs:
-            guided = cfg_combine(guided, outputs[UNCOND].float(), guidance_scale)
+            guided = cfg_combine(guided, outputs[UNCOND], guidance_scale)
         return guided
 
     def step(self, state: DenoiseState, guided: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any
 from mstar.models.bench_entry import DitBenchEntry, EndToEndWorkload, StepWorkload
 from mstar.models.flops import ZERO, BlockShape, FlopCount, gemm_flops
 from mstar.models.geometry import Segment
-from mstar.models.wan22.config import Wan22Config, WanDiTConfig, tiny_wan22_config
+from mstar.models.wan22.config import WAN22_SCHEDULER_CONFIG, Wan22Config, WanDiTConfig, tiny_wan22_config
 from mstar.models.wan22.geometry import WanGeometry
 
 TINY_TEXT_TOKENS = 8
@@ -18,6 +18,7 @@ TIMESTEP = 500.0
 class WanBench(DitBenchEntry):
     family = "wan"
     diffusers_transformer = "WanTransformer3DModel"
+    parity = "mstar.models.wan22.parity:wan_parity"
     step_workloads = (
         StepWorkload("wan-480p-b1", 832, 480, 33, 1),
         StepWorkload("wan-480p-cfg", 832, 480, 33, 2),
@@ -142,10 +143,7 @@ class WanBench(DitBenchEntry):
         )
         with torch.device(device):
             vae = AutoencoderKLWan(**config.vae).to(torch.float32)
-        scheduler = UniPCMultistepScheduler(
-            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=config.flow_shift,
-            num_train_timesteps=1000,
-        )  # fmt: skip
+        scheduler = UniPCMultistepScheduler.from_config(WAN22_SCHEDULER_CONFIG)
         return WanPipeline(
             tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
             expand_timesteps=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 from mstar.graph import BuildContext, Node
 from mstar.models.checkpoint import build_module, component_path, default_dtype, read_config
 from mstar.models.scaffold import build_dit_node, build_named_nodes, checkpoint_folder, warmup_sizes
-from mstar.models.wan22.config import Wan22Config, WanDiTConfig
+from mstar.models.wan22.config import Wan22Config, WanDiTConfig, WanSchedulerConfig
 from mstar.models.wan22.pipeline import WanPipeline
 from mstar.models.wan22.vae_config import WanVAEConfig
 
@@ -26,7 +26,11 @@ def load_config(model_path: str | None, default: Wan22Config) -> Wan22Config:
     dit = WanDiTConfig.from_dict(read_config(component_path(model_path, "transformer")))
     vae = read_config(component_path(model_path, "vae"))
     text = read_config(component_path(model_path, "text_encoder"))
-    return replace(default, dit=dit, vae=vae, text_encoder=text)
+    scheduler = default.scheduler
+    if (Path(model_path) / "scheduler").is_dir():
+        scheduler_json = read_config(component_path(model_path, "scheduler"), "scheduler_config.json")
+        scheduler = WanSchedulerConfig.from_dict(scheduler_json)
+    return replace(default, dit=dit, vae=vae, text_encoder=text, scheduler=scheduler)
 
 
 def build_nodes(default_config: Wan22Config, ctx: BuildContext) -> dict[str, Node]:

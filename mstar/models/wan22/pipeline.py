@@ -31,7 +31,7 @@ from mstar.diffusion.samplers import UniPCSampler
 from mstar.diffusion.vae_nodes import INPUT_REFERENCE, LATENTS
 from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
-from mstar.models.wan22.config import Wan22Config
+from mstar.models.wan22.config import Wan22Config, WanSchedulerConfig
 from mstar.models.wan22.dit import DiTInput
 from mstar.models.wan22.geometry import WanGeometry
 from mstar.models.wan22.model import WanParams
@@ -45,6 +45,15 @@ FIRST_FRAME = "first_frame"  # condition key: the image's latents, float32 on th
 # step and reused by the others (~189 MB per label for the 5B in bf16); dropped when the loop ends.
 TEXT_KV = "text_kv"
 TEXT_OF_LABEL = {COND: PROMPT_EMBEDS, UNCOND: NEGATIVE_PROMPT_EMBEDS}
+
+
+def unipc_sampler(scheduler: WanSchedulerConfig, num_steps: int) -> UniPCSampler:
+    """The sampler the folder's scheduler config describes (WanPipeline's UniPC, flow sigmas)."""
+    return UniPCSampler(
+        num_steps, shift=scheduler.flow_shift, solver_order=scheduler.solver_order,
+        solver_type=scheduler.solver_type, lower_order_final=scheduler.lower_order_final,
+        disable_corrector=scheduler.disable_corrector, num_train_timesteps=scheduler.num_train_timesteps,
+    )  # fmt: skip
 
 
 def pad_text(text: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -128,7 +137,7 @@ class WanPipeline:
         }
         return DenoiseStart(
             latents=seeded_noise(shape, params.seed, device=self.device).to(torch.float32),
-            sampler=UniPCSampler(params.num_inference_steps, shift=self.config.flow_shift),
+            sampler=unipc_sampler(self.config.scheduler, params.num_inference_steps),
             num_tokens=self.geometry.latent_tokens(shape),
             texts=texts,
             guidance_scale=float(params.guidance_scale),
@@ -151,10 +160,12 @@ class WanPipeline:
         return self.dit(inputs, self.attention)
 
     def guide(self, outputs: dict[str, torch.Tensor], guidance_scale: float) -> torch.Tensor:
-        """WanPipeline's classifier-free guidance, in float32."""
-        guided = outputs[COND].float()
+        """WanPipeline's classifier-free guidance, in the DiT's output dtype (bf16 for a bf16 DiT):
+        the pipeline guides and hands the scheduler that tensor, and its rounding is part of what
+        it computes; the sampler promotes it as diffusers' does."""
+        guided = outputs[COND]
         if UNCOND in outputs:
-            guided = cfg_combine(guided, outputs[UNCOND].float(), guidance_scale)
+            guided = cfg_combine(guided, outputs[UNCOND], guidance_scale)
         return guided
 
     def step(self, state: DenoiseState, guided: torch.Tensor) -> torch.Tensor:

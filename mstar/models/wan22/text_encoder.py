@@ -43,12 +43,16 @@ def build_umt5(
 
 
 class UMT5PromptEncoder:
-    """Prompts -> UMT5 embeddings. The 256k-row token embedding (2.1 GB for UMT5-XXL) stays in host
-    memory: a prompt gathers at most 512 of its rows there, and only those travel. With `offload`,
-    the blocks' weights live in host memory too and stream to the device for each forward
-    (mstar.engine.offload). With `cuda_graphs` (CUDA, not offloaded), the encoder replays one CUDA
-    graph per length bucket: UMT5 attends both ways, so a prompt padded to its bucket masks the
-    padding out as keys, as the pipeline does at 512 tokens."""
+    """Prompts -> UMT5 embeddings, as WanPipeline computes them: the pipeline pads every prompt to
+    512 tokens and masks the padding out as keys; here a prompt is padded to its length bucket
+    (16, 32, ... 512 tokens) with the padding masked the same way. The real tokens' states are the
+    pipeline's: equal in exact arithmetic to an unpadded run, and in bf16 the masked padded run is
+    the computation the pipeline rounds (an unpadded run rounds differently).
+
+    The 256k-row token embedding (2.1 GB for UMT5-XXL) stays in host memory: a prompt gathers at
+    most 512 of its rows there, and only those travel. With `offload`, the blocks' weights live in
+    host memory too and stream to the device for each forward (mstar.engine.offload). With
+    `cuda_graphs` (CUDA, not offloaded), each bucket replays one CUDA graph, captured at warmup."""
 
     def __init__(
         self,
@@ -63,7 +67,6 @@ class UMT5PromptEncoder:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_text_tokens = max_text_tokens
-        self.hidden = self._last_hidden
         # One host copy of the table: loaded weights may tie it to embed_tokens through two
         # parameters, so the encoder is pointed at the moved module.
         self.model.shared.to("cpu")
@@ -75,46 +78,47 @@ class UMT5PromptEncoder:
             self.streamed = StreamedBlocks(self.model.encoder.block, self.device)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the moved weights' device blocks go back to the driver
-        if cuda_graphs and not offload and self.device.type == "cuda":
-            buckets = tuple(n for n in DEFAULT_BUCKET_LENGTHS if n < max_text_tokens)
-            self.hidden = GraphedByLength(
-                self._last_hidden, 0, self.device, (*buckets, max_text_tokens),
-                row_shape=(model.config.d_model,), dtype=next(model.encoder.block.parameters()).dtype,
-                key_mask=True,
-            )  # fmt: skip
+        self.use_graphs = cuda_graphs and not offload and self.device.type == "cuda"
+        buckets = tuple(n for n in DEFAULT_BUCKET_LENGTHS if n < max_text_tokens)
+        self.hidden = GraphedByLength(
+            self._last_hidden, 0, self.device, (*buckets, max_text_tokens),
+            row_shape=(model.config.d_model,), dtype=next(model.encoder.block.parameters()).dtype,
+            key_mask=True,
+        )  # fmt: skip
 
     def warmup(self) -> None:
         """Capture the CUDA graphs (one per length bucket), when they are on."""
-        if isinstance(self.hidden, GraphedByLength):
+        if self.use_graphs:
             self.hidden.capture()
 
     @torch.inference_mode()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
         """One [num_tokens_i, d_model] embedding per prompt.
 
-        One prompt per forward, unpadded and without a mask: a prompt's embedding never depends on
-        the prompts batched with it, and nothing reads the device back. (With a mask, transformers
-        checks it for padding on the device, and that read waits for the DiT step queued before it;
-        the encoder is launch-bound, so batching prompts saved little.)"""
+        One prompt per forward: a prompt's embedding never depends on the prompts batched with it,
+        and nothing reads the device back (the mask is built here, not by transformers, whose
+        check of a mask for padding reads it on the device and waits for the DiT step queued
+        before it; the encoder is launch-bound, so batching prompts saved little)."""
         return [self._encode_one(prompt) for prompt in prompts]
 
-    def _encode_one(self, prompt: str) -> torch.Tensor:
-        ids = self.tokenizer(
+    def tokenize(self, prompt: str) -> torch.Tensor:
+        """input_ids [1, num_tokens] on the host: the pipeline's ids without its padding (EOS last)."""
+        return self.tokenizer(
             [clean_prompt(prompt)],
             max_length=self.max_text_tokens,
             truncation=True,
             add_special_tokens=True,
             return_tensors="pt",
-        )["input_ids"]  # [1, num_tokens] on the host
-        embeds = to_device(self.model.shared(ids), self.device)  # [1, num_tokens, d_model] from the host
+        )["input_ids"]
+
+    def _encode_one(self, prompt: str) -> torch.Tensor:
+        embeds = to_device(self.model.shared(self.tokenize(prompt)), self.device)  # [1, L, d_model]
         return self.hidden(embeds)[0]  # [num_tokens, d_model]
 
-    def _last_hidden(self, embeds: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """UMT5's last hidden state [1, L, d_model]. `valid` [1, L] bool marks the real tokens: the
-        others are masked out as keys (an additive mask: 0 on the real ones leaves their scores,
-        and so their states, exactly as unmasked). Without it, transformers' own forward."""
-        if valid is None:
-            return self.model(inputs_embeds=embeds).last_hidden_state
+    def _last_hidden(self, embeds: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """UMT5's last hidden state [1, L, d_model]. `valid` [1, L] bool marks the real tokens; the
+        others are masked out as keys (an additive mask: 0 on the real ones leaves their scores as
+        they were). The blocks are called directly, as transformers' forward calls them."""
         encoder = self.model.encoder
         mask = torch.zeros(valid.shape, dtype=embeds.dtype, device=embeds.device)
         mask = mask.masked_fill(~valid, torch.finfo(embeds.dtype).min)[:, None, None, :]  # [1, 1, 1, L]

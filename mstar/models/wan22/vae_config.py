@@ -77,6 +77,15 @@ class WanVAEConfig:
     def temporal_upsample(self) -> tuple[bool, ...]:
         return tuple(reversed(self.temperal_downsample))
 
+    def num_latent_frames(self, num_frames: int) -> int:
+        """Latent frames of a 1 + 4k frame video: the first frame alone, then 4 per latent frame."""
+        return (num_frames - 1) // self.scale_factor_temporal + 1
+
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """[z, F', H', W'] latents of a video (or image, num_frames 1) of this size."""
+        spatial = self.scale_factor_spatial
+        return (self.z_dim, self.num_latent_frames(num_frames), height // spatial, width // spatial)
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> WanVAEConfig:
         """From a diffusers config dict; `_`-prefixed metadata is skipped, unknown keys rejected."""

@@ -31,6 +31,7 @@ FREQUENCY_DIM = 256
 class ZImageBench(DitBenchEntry):
     family = "zimage"
     diffusers_transformer = "ZImageTransformer2DModel"
+    parity = "mstar.models.zimage.parity:zimage_parity"
     step_workloads = (
         StepWorkload("zimage-1024-b1", 1024, 1024, 1, 1),
         StepWorkload("zimage-1024-c4", 1024, 1024, 1, 4),

@@ -121,9 +121,9 @@ class ZImagePipeline:
 
     def guide(self, outputs: dict[str, torch.Tensor], guidance_scale: float) -> torch.Tensor:
         """The pipeline's rule: pos + scale * (pos - neg) (no truncation or renormalisation)."""
-        guided = outputs[COND].float()
+        guided = outputs[COND]  # float32 already (predict returns it so)
         if UNCOND in outputs:
-            guided = guided + guidance_scale * (guided - outputs[UNCOND].float())
+            guided = guided + guidance_scale * (guided - outputs[UNCOND])
         return guided
 
     def step(self, state: DenoiseState, guided: torch.Tensor) -> torch.Tensor:

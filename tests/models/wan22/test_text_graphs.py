@@ -44,19 +44,36 @@ def test_masked_layers_give_transformers_states_padded_or_not():
     torch.testing.assert_close(
         encoder._last_hidden(padded, valid)[:, :length], reference, rtol=1e-5, atol=1e-6
     )
-    unmasked = encoder._last_hidden(padded)[:, :length]  # padding seen as keys: other states
+    all_valid = torch.ones((1, length + 7), dtype=torch.bool)
+    unmasked = encoder._last_hidden(padded, all_valid)[:, :length]  # padding seen as keys: other states
     assert not torch.allclose(unmasked, reference, rtol=1e-3, atol=1e-4)
 
 
-def test_off_cuda_the_graphs_are_not_used():
+@torch.inference_mode()
+def test_every_prompt_runs_padded_to_its_bucket_with_the_padding_masked():
+    encoder = _encoder()
+    calls = []
+    encoder.hidden.fn = lambda embeds, valid: (
+        calls.append(valid.clone()) or encoder._last_hidden(embeds, valid)
+    )
+    (embedding,) = encoder.encode(["a fox"])
+    (valid,) = calls
+    num_tokens = embedding.shape[0]
+    assert valid.shape == (1, encoder.hidden.bucket_for(num_tokens)) and valid.shape[1] > num_tokens
+    assert valid[0, :num_tokens].all() and not valid[0, num_tokens:].any()
+
+
+def test_off_cuda_the_graphs_are_not_captured():
     encoder = _encoder(cuda_graphs=True)
-    assert not isinstance(encoder.hidden, GraphedByLength)
+    assert not encoder.use_graphs
     encoder.warmup()  # nothing to capture
+    assert not encoder.hidden.captured
     graphed = GraphedByLength(
         lambda x, valid: x * valid[..., None], pad_id=0, device="cpu", row_shape=(2,), dtype=torch.float32,
-        key_mask=True,
+        key_mask=True, bucket_lengths=(4,),
     )  # fmt: skip
-    assert graphed(torch.ones(1, 3, 2)).tolist() == [[[1.0, 1.0]] * 3]  # eager: every token valid
+    assert graphed(torch.ones(1, 3, 2)).tolist() == [[[1.0, 1.0]] * 3]  # eager: padded to 4, 3 valid
+    assert graphed(torch.ones(1, 5, 2)).shape == (1, 5, 2)  # past the largest bucket: unpadded
 
 
 @pytest.mark.gpu
@@ -68,7 +85,8 @@ def test_cuda_graph_replays_match_the_eager_encoder():
     encoder.warmup()
     assert encoder.hidden.captured
     with torch.inference_mode():
-        eager = [encoder._last_hidden(_embeds(encoder, p))[0] for p in PROMPTS]
+        embeds = [_embeds(encoder, p) for p in PROMPTS]
+        eager = [encoder.hidden.run_padded(e, encoder.hidden.bucket_for(e.shape[1]))[0] for e in embeds]
         replayed = encoder.encode(PROMPTS)  # each replay's output is copied out of the graph's buffer
         again = encoder.encode(PROMPTS[:1])[0]
     for want, got in zip(eager, replayed, strict=True):

@@ -1,5 +1,6 @@
 """Tiny Z-Image components built with diffusers/transformers (the parity reference) and saved in
-the diffusers folder layout, plus a tiny byte-level Qwen tokenizer with a chat template."""
+the diffusers folder layout, plus a tiny byte-level Qwen tokenizer with a chat template
+(mstar.bench.parity_tokenizers)."""
 
 from __future__ import annotations
 
@@ -7,42 +8,13 @@ from pathlib import Path
 
 import torch
 
+from mstar.bench.parity_tokenizers import qwen_tokenizer
 from mstar.models.zimage.config import TINY, to_json_dict
 from mstar.models.zimage.model import ZImageSpec
 
-# Renders one user turn exactly as Qwen3's template does with enable_thinking=True.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
-    "{% endif %}"
-)
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
-
-def _byte_alphabet() -> list[str]:
-    """GPT-2's byte -> printable unicode map (what byte-level BPE vocabularies are written in)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = [], 0
-    for byte in range(256):
-        if byte in printable:
-            chars.append(chr(byte))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
 
 def tiny_tokenizer():
-    from transformers import Qwen2Tokenizer
-
-    vocab = {char: index for index, char in enumerate(_byte_alphabet())}
-    for token in SPECIAL_TOKENS:
-        vocab[token] = len(vocab)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], additional_special_tokens=list(SPECIAL_TOKENS[1:]))
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return qwen_tokenizer()
 
 
 def _randomize(module: torch.nn.Module, seed: int, scale: float = 0.2) -> None:

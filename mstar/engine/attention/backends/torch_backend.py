@@ -32,6 +32,11 @@ def varlen_causal_kwargs(varlen: Callable[..., Any], causal: bool) -> dict[str, 
     return {"is_causal": causal}
 
 
+def varlen_takes_gqa(varlen: Callable[..., Any]) -> bool:
+    """Whether this torch's varlen_attn reads fewer key/value heads than query heads (enable_gqa)."""
+    return "enable_gqa" in inspect.signature(varlen).parameters
+
+
 class TorchBackend:
     name = "torch"
 
@@ -55,6 +60,7 @@ class TorchWrapper(PlanWrapper):
         self._cu_q: torch.Tensor | None = None
         self._cu_kv: torch.Tensor | None = None
         self._causal_kwargs: dict[str, Any] = {}
+        self._takes_gqa = varlen is not None and varlen_takes_gqa(varlen)
 
     def _plan_kernel(self, layout: AnyLayout) -> None:
         self._layout = layout
@@ -71,8 +77,15 @@ class TorchWrapper(PlanWrapper):
         assert layout is not None, "run before plan"
         check_tokens(q, k, layout, "torch")
         if self._varlen is not None and q.is_cuda and q.dtype in VARLEN_DTYPES:
+            kwargs = dict(self._causal_kwargs)
+            if q.shape[1] != k.shape[1]:  # grouped-query attention
+                if self._takes_gqa:
+                    kwargs["enable_gqa"] = True
+                else:
+                    groups = q.shape[1] // k.shape[1]
+                    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
             return self._varlen(
-                q, k, v, self._cu_q, self._cu_kv, layout.max_q_len, layout.max_kv_len, **self._causal_kwargs
+                q, k, v, self._cu_q, self._cu_kv, layout.max_q_len, layout.max_kv_len, **kwargs
             )
         if self._host_layout is None:
             assert isinstance(layout, DeviceLayout)

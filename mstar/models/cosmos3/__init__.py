@@ -1,0 +1,1 @@
+"""Cosmos3 (NVIDIA Cosmos 3 Nano / Edge): the understanding prefix once, the generation pathway per step."""

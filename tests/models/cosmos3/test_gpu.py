@@ -1,0 +1,84 @@
+"""Real-size Cosmos3 (Edge and Nano configs), seeded random bf16 weights, on the GPU: our
+understanding prefill + packed generation pathway against diffusers' full forward, at Edge's
+recipe size (832x480x121, 12090 vision tokens), text-to-video and image-to-video.
+
+    python -m pytest -q -m gpu tests/models/cosmos3/test_gpu.py tests/engine/test_prefix_attention_gpu.py
+"""
+
+import gc
+
+import pytest
+import torch
+
+from mstar.engine.attention import PrefixAttention, StackedPrefixKV, build_attention
+from mstar.models.checkpoint import build_module
+from mstar.models.cosmos3.config import EDGE_RECIPE, EDGE_TRANSFORMER, NANO_TRANSFORMER
+from mstar.models.cosmos3.geometry import latent_shape
+from mstar.models.cosmos3.transformer import Cosmos3Transformer, VisionInput
+from mstar.models.wan22.vae_config import WAN22_TI2V_5B_VAE_CONFIG
+from tests.models.cosmos3.reference import diffusers_velocity
+
+pytestmark = pytest.mark.gpu
+
+MAX_RELATIVE_ERROR = 2e-2
+PRESETS = {"edge": EDGE_TRANSFORMER, "nano": NANO_TRANSFORMER}
+NUM_TEXT_TOKENS = (287, 141)  # a cond and an uncond prompt
+
+
+def _relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return float((ours.float() - theirs.float()).norm() / theirs.float().norm())
+
+
+@pytest.fixture(scope="module", params=list(PRESETS))
+def models(request):
+    """(ours, theirs) sharing one set of seeded random bf16 weights (time embedder in fp32)."""
+    diffusers = pytest.importorskip("diffusers")
+    config = PRESETS[request.param]
+    ours = build_module(
+        lambda: Cosmos3Transformer(config), "cuda", torch.bfloat16, seed=0,
+        keep_fp32=Cosmos3Transformer.fp32_param_patterns,
+    )  # fmt: skip
+    kwargs = {**config.to_dict(), "action_dim": 64} if config.action_gen else config.to_dict()
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # diffusers' own init straight in bf16: half the memory
+    try:
+        with torch.device("cuda"):
+            theirs = diffusers.Cosmos3OmniTransformer(**kwargs)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    # assign=True shares our tensors (and keeps the fp32 time embedder, as diffusers keeps it)
+    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False, assign=True)
+    assert not unexpected
+    assert all(any(p in key for p in Cosmos3Transformer.unused_checkpoint_patterns) for key in missing)
+    yield ours, theirs.eval().requires_grad_(False)
+    del ours, theirs
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_real_size_generation_pathway_matches_diffusers_in_bf16(models, backend):
+    ours, theirs = models
+    config = ours.config
+    generator = torch.Generator("cuda").manual_seed(0)
+    shape = latent_shape(WAN22_TI2V_5B_VAE_CONFIG, EDGE_RECIPE.num_frames, EDGE_RECIPE.video_height,
+                         EDGE_RECIPE.video_width)  # fmt: skip
+    latents = torch.randn(shape, generator=generator, device="cuda")
+    prompts = [
+        torch.randint(0, config.vocab_size, (n,), generator=generator, device="cuda").tolist()
+        for n in NUM_TEXT_TOKENS
+    ]
+    attention = build_attention(backend, "cuda", torch.bfloat16)
+    dense = PrefixAttention(attention)
+    with torch.inference_mode():
+        prefixes = [ours.understand(ids, attention) for ids in prompts]
+        for clean_frames, timestep in (((), 999.0), ((0,), 500.0)):
+            items = [VisionInput(latents, timestep, EDGE_RECIPE.fps, clean_frames) for _ in prompts]
+            packed = ours.generate(items, StackedPrefixKV(prefixes), dense)  # the guidance pair packed
+            for out, ids in zip(packed, prompts, strict=True):
+                expected = diffusers_velocity(theirs, ids, latents, timestep, EDGE_RECIPE.fps, clean_frames)
+                assert out.shape == expected.shape
+                error = _relative_error(out, expected)
+                assert error <= MAX_RELATIVE_ERROR, (
+                    f"relative error {error:.4f} ({attention.backend_name}, clean {clean_frames})"
+                )
