@@ -105,6 +105,11 @@ def load_server_config(args: argparse.Namespace) -> Any:
         "compile_mode": args.compile_mode,
     }
     if args.command == "serve":
+        if args.api_key:
+            print(
+                f"mstar: warning: --api-key shows in the process list; set {API_KEY_ENV} instead",
+                file=sys.stderr,
+            )
         overrides.update(host=args.host, port=args.port, api_key=args.api_key or os.environ.get(API_KEY_ENV))
     return load_config(args.config, **overrides)
 
@@ -146,35 +151,34 @@ async def _boot(runtime: Any) -> None:
 
 
 async def _serve(config: Any, spec: Any, sock: socket.socket) -> int:
-    import uvicorn
-
     from mstar.api.app import create_app
     from mstar.api.metrics import PrometheusMetrics
+    from mstar.api.server import StopSignals, serve_until_stopped
     from mstar.runtime.runtime import Runtime
 
     metrics = PrometheusMetrics(spec.name)
     runtime = Runtime(config, spec, metrics)
-    try:
-        await _boot(runtime)
-    except Exception as error:
-        print(f"mstar: boot failed: {error}", file=sys.stderr, flush=True)
-        await runtime.shutdown()
-        return 1
-    app = create_app(config, spec, runtime, metrics=metrics)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    host, port = sock.getsockname()[:2]
+    with StopSignals() as signals:  # SIGTERM/SIGINT: a clean stop, exit 0 (mstar/api/server.py)
+        try:
+            await _boot(runtime)
+        except asyncio.CancelledError:
+            if not signals.stopped_during_boot:
+                raise
+            asyncio.current_task().uncancel()
+            print("mstar: stopped during boot", file=sys.stderr, flush=True)
+            await runtime.shutdown()
+            return 0
+        except Exception as error:
+            print(f"mstar: boot failed: {error}", file=sys.stderr, flush=True)
+            await runtime.shutdown()
+            return 1
+        app = create_app(config, spec, runtime, metrics=metrics)
+        host, port = sock.getsockname()[:2]
 
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.05)
-        print(f"mstar: serving '{spec.name}' on http://{host}:{port} (OpenAI API under /v1)", flush=True)
+        def announce() -> None:
+            print(f"mstar: serving '{spec.name}' on http://{host}:{port} (OpenAI API under /v1)", flush=True)
 
-    announcer = asyncio.create_task(announce())
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        announcer.cancel()
-        await runtime.shutdown()
+        await serve_until_stopped(app, config, runtime, sock, signals, announce)
     return 0
 
 

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
 SIZE_PATTERN = re.compile(r"^\d+x\d+(x\d+)?$")
+HOST_NAME_PATTERN = re.compile(r"^(\*|(\*\.)?[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])$")
+PUBLIC_URL_PATTERN = re.compile(r"^https?://[^/?#\s]+(/[^?#\s]*)?$")
 
 
 def check_device(value: str) -> str:
@@ -71,6 +73,26 @@ class ServerConfig(BaseModel):
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = None
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    # Host names the Host header may carry besides the loopback ones and public_url's (requests with
+    # others get a 400: DNS rebinding). "*" accepts any; with none, a server bound to loopback accepts
+    # only loopback names and one bound elsewhere accepts any. Origin headers of state-changing
+    # requests must match the Host header or name one of these (else 403: cross-site requests).
+    allowed_hosts: list[str] = []
+    # Where clients reach the server ("https://api.example.com"): the base of response_format=url
+    # media links. None: the address the request came in on (never the client's Host header).
+    public_url: str | None = None
+    # Connections, as a front-facing server bounds them (mstar/api/connections.py): at most
+    # max_connections open (more are answered 503 and closed; under the usual 1024-descriptor limit,
+    # with room for the runtime's sockets and files); closed after idle_timeout_s without a request
+    # (before the first one and between requests); 408 and closed when the headers take over
+    # header_timeout_s from the request's first byte, or the body over body_timeout_s after them.
+    max_connections: int = Field(512, ge=1)
+    idle_timeout_s: float = Field(5.0, gt=0)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
+    # SIGTERM or SIGINT: the server stops accepting, requests in flight get this long to finish (then
+    # a 503), the workers are stopped and the process exits 0 (uvicorn's timeout_graceful_shutdown).
+    shutdown_grace_s: float = Field(30.0, ge=0)
 
     # Placement: empty means one worker holding every node on `device`.
     node_groups: list[NodeGroup] = []
@@ -81,6 +103,11 @@ class ServerConfig(BaseModel):
     request_timeout_s: float = Field(1800.0, gt=0)
     job_ttl_s: float = Field(3600.0, gt=0)
     worker_restart: bool = True
+    # Workers heartbeat every heartbeat_interval_s. One that missed two is stalled (SIGSTOPped, hung
+    # in native code): /ready turns 503 and new requests get 503 with Retry-After until it beats
+    # again; one silent for heartbeat_timeout_s is killed (its requests fail) and restarted.
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_timeout_s: float = Field(30.0, gt=0)
 
     attention_backend: Literal["auto", "fa3", "flashinfer", "torch"] = "auto"
     flashinfer_backend: Literal["auto", "fa2", "fa3", "cudnn", "cutlass"] = "auto"
@@ -116,10 +143,46 @@ class ServerConfig(BaseModel):
     # overlaps the decode (False: the clip is muxed whole once decoded; to A/B)
     stream_video_frames: bool = True
 
+    # Text models (LLM serving): the paged KV pool, sized at boot from the memory left after the
+    # weights and the workspace (kv_pool_pages pages when set, else kv_cache_memory_fraction of it),
+    # and continuous batching (at most max_num_seqs sequences and max_num_batched_tokens tokens a
+    # step; max_model_len None: the model's context length). Decode steps replay CUDA graphs of
+    # up to max_num_seqs rows when cuda_graphs is on. FlashInfer builds its kernels at boot, under
+    # compile_cache_dir/flashinfer when that is set.
+    kv_page_tokens: int = Field(16, ge=1, le=1024)
+    kv_cache_memory_fraction: float = Field(0.85, gt=0, le=1)
+    kv_pool_pages: int | None = Field(None, ge=1)
+    kv_attention_backend: Literal["auto", "flashinfer", "fa3", "torch"] = "auto"
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = Field(128, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_model_len: int | None = Field(None, ge=2)
+
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:
         return check_device(value)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if not HOST_NAME_PATTERN.match(host):
+                raise ValueError(f"allowed_hosts entries are host names without scheme or port, got '{host}'")
+        return [host.lower().rstrip(".") for host in hosts]
+
+    @field_validator("public_url")
+    @classmethod
+    def _check_public_url(cls, url: str | None) -> str | None:
+        if url is not None and not PUBLIC_URL_PATTERN.match(url):
+            raise ValueError(f"public_url must be an http:// or https:// URL, got '{url}'")
+        return None if url is None else url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_heartbeats(self) -> ServerConfig:
+        if self.heartbeat_timeout_s <= 3 * self.heartbeat_interval_s:
+            raise ValueError("heartbeat_timeout_s must be above 3 heartbeat_interval_s")
+        return self
 
     @model_validator(mode="after")
     def _check_groups(self) -> ServerConfig:

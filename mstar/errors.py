@@ -2,8 +2,8 @@
 
 from typing import Literal, get_args
 
-# How a request can fail inside the runtime; the API maps each to its status (500, 499, 504, 503, 503).
-FailureKind = Literal["error", "aborted", "timeout", "worker_died", "out_of_memory"]
+# How a request can fail inside the runtime; the API maps each to its status.
+FailureKind = Literal["error", "aborted", "shutdown", "timeout", "worker_died", "out_of_memory"]
 FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 
 

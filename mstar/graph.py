@@ -66,7 +66,8 @@ class RequestState:
     # Set by the runtime while the request is in the last stage of its final walk, else None:
     # `emit_output(key, piece)` sends a piece of output `key` (axis 0, in order) to the caller at
     # once, so it can start on it (the MP4 muxer takes a clip's frames while later chunks decode).
-    # A key sent in pieces counts as produced and is not also put in `tensors`.
+    # A key sent in pieces counts as produced and is not also put in `tensors`. A piece that is
+    # a small JSON-able value (a dict of a text model's new tokens) travels inside the message.
     emit_output: Callable[[str, Any], None] | None = None
 
 
@@ -114,6 +115,11 @@ class Node:
     def event_counts(self) -> dict[str, int]:
         """Running totals of this node's events by name (e.g. prompt cache hits); the worker
         reports their increases to /metrics (`mstar:node_events_total`)."""
+        return {}
+
+    def gauges(self) -> dict[str, float]:
+        """Current levels by name (e.g. the share of the KV pool in use); the worker reports
+        them after a step when they changed."""
         return {}
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from mstar.api import routes_images, routes_native, routes_ops, routes_videos
+from mstar.api import routes_images, routes_native, routes_ops, routes_text, routes_videos
 from mstar.api.errors import install_error_handlers
+from mstar.api.hosts import HostOriginMiddleware, HostPolicy
 from mstar.api.media import warm_up_encoders
 from mstar.api.metrics import PrometheusMetrics
 from mstar.api.middleware import ApiKeyMiddleware, BodyLimitMiddleware
@@ -26,6 +27,15 @@ def _build_runtime(config: Any, spec: ModelSpec, metrics: PrometheusMetrics) -> 
     from mstar.runtime.runtime import Runtime
 
     return Runtime(config, spec, metrics)
+
+
+def _text_service(config: Any, spec: ModelSpec, runtime: Any, metrics: PrometheusMetrics) -> Any:
+    """Text models get the chat and completions service (it loads the tokenizer), others None."""
+    if spec.output_kind != "text":
+        return None
+    from mstar.api.text_service import TextService
+
+    return TextService(config, spec, runtime, metrics)
 
 
 async def _cancel_jobs(state: ServerState) -> None:
@@ -65,6 +75,7 @@ def create_app(
         media=MediaStore(config.job_ttl_s),
         owns_runtime=owns_runtime,
         created_at=time.time(),
+        text=_text_service(config, spec, runtime, metrics),
     )
 
     @contextlib.asynccontextmanager
@@ -82,9 +93,13 @@ def create_app(
     app = FastAPI(title="mstar", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.mstar = state
     install_error_handlers(app)
-    for module in (routes_ops, routes_images, routes_videos, routes_native):
+    for module in (routes_ops, routes_images, routes_videos, routes_native, routes_text):
         app.include_router(module.router)
-    # Added last = outermost: the key is checked before any body is read.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes)
+    # Added last = outermost: Host and Origin first, then the key, both before any body is read.
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s
+    )
     app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    policy = HostPolicy(config.host, config.allowed_hosts, config.public_url)
+    app.add_middleware(HostOriginMiddleware, policy=policy)
     return app

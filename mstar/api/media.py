@@ -1,4 +1,5 @@
-"""Media encoding and decoding: frames (uint8 [F, H, W, 3]) to PNG/JPEG/WEBP or MP4, uploads to frames.
+"""Media encoding and decoding: frames (uint8 [F, H, W, 3]) to PNG/JPEG/WEBP or MP4 (with an AAC
+audio track when the model makes sound), uploads to frames.
 
 Pillow and PyAV import lazily: encoding runs off the event loop (asyncio.to_thread) in the API process.
 """
@@ -18,6 +19,9 @@ IMAGE_MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/we
 VIDEO_MEDIA_TYPE = "video/mp4"
 # Uploaded reference images are bounded before decoding (decompression-bomb guard).
 MAX_UPLOAD_PIXELS = 4096 * 4096
+# The only decoders an upload reaches: Pillow would otherwise try each of its ~40 plugins (PSD,
+# TIFF, EPS, ...), each an attack surface for a format the API does not take.
+UPLOAD_FORMATS = ("PNG", "JPEG", "WEBP")
 
 
 def _as_uint8_frames(frames: Any) -> Any:
@@ -67,6 +71,23 @@ MP4_ENCODE_THREADS = 8
 MP4_THREAD_TYPE = "SLICE"
 # mbtree off: see Mp4Writer._open. A module constant so bench/encode_speed.py can time other settings.
 MP4_X264_PARAMS = "mbtree=0"
+# ffmpeg's native AAC encoder (always in PyAV's builds); planar float in, 1024 samples a frame.
+AUDIO_CODEC = "aac"
+AUDIO_LAYOUTS = {1: "mono", 2: "stereo"}
+
+
+def _as_float_waveform(waveform: Any, num_channels: int) -> Any:
+    """Accept [samples] (mono) or [channels, samples] float; returns float32 [channels, samples] in [-1, 1]."""
+    import numpy as np
+
+    array = np.asarray(waveform, dtype=np.float32)
+    if array.ndim == 1:
+        array = array[None]
+    if array.ndim != 2 or array.shape[0] != num_channels:
+        raise ValueError(f"audio must be float [{num_channels}, samples], got shape {tuple(array.shape)}")
+    if not np.isfinite(array).all():
+        raise ValueError("audio samples must be finite")
+    return np.clip(array, -1.0, 1.0)
 
 
 class Mp4Writer:
@@ -78,12 +99,25 @@ class Mp4Writer:
         writer.write(frames_0_to_4)   # uint8 [f, H, W, 3]
         writer.write(frames_5_to_8)
         data = writer.finish()        # or writer.close() to drop it (a failed request)
+
+    With `audio_sample_rate` the file also carries an AAC track: `write_audio(waveform)` (float
+    [channels, samples] in [-1, 1], any time before finish) gives its samples; finish() cuts or
+    pads them with silence to the video's duration, so both tracks end together (within the last
+    AAC frame of 1024 samples). Without it the video is written exactly as before (same bytes).
     """
 
-    def __init__(self, fps: int):
+    def __init__(self, fps: int, audio_sample_rate: int | None = None, audio_channels: int = 2):
         if fps <= 0:
             raise ValueError(f"fps must be positive, got {fps}")
+        if audio_sample_rate is not None and audio_sample_rate <= 0:
+            raise ValueError(f"audio_sample_rate must be positive, got {audio_sample_rate}")
+        if audio_channels not in AUDIO_LAYOUTS:
+            raise ValueError(f"audio_channels must be one of {sorted(AUDIO_LAYOUTS)}, got {audio_channels}")
         self.fps = int(fps)
+        self.audio_sample_rate = audio_sample_rate
+        self.audio_channels = audio_channels
+        self._audio_pieces: list[Any] = []
+        self._audio_stream: Any = None
         self._lock = threading.Lock()  # one call at a time: a close may come while a write runs
         self.num_frames = 0
         self._buffer = io.BytesIO()
@@ -110,15 +144,52 @@ class Mp4Writer:
                     self._container.mux(packet)
             self.num_frames += len(frames)
 
+    def write_audio(self, waveform: Any) -> None:
+        """Samples of the audio track (appended to those written before)."""
+        samples = _as_float_waveform(waveform, self.audio_channels)
+        with self._lock:
+            self._check_open()
+            if self.audio_sample_rate is None:
+                raise ValueError("this MP4 writer has no audio track (give audio_sample_rate)")
+            self._audio_pieces.append(samples)
+
+    @property
+    def num_audio_samples(self) -> int:
+        """Samples the audio track gets: the video's duration at the audio rate (0 without audio)."""
+        if self.audio_sample_rate is None:
+            return 0
+        return round(self.num_frames * self.audio_sample_rate / self.fps)
+
     def finish(self) -> bytes:
         with self._lock:
             self._check_open()
             if self._stream is None:
                 raise ValueError("an MP4 needs at least one frame")
+            if self.audio_sample_rate is not None and not self._audio_pieces:
+                raise ValueError("this MP4 has an audio track but no audio was written")
             for packet in self._stream.encode():
                 self._container.mux(packet)
+            if self._audio_stream is not None:
+                self._mux_audio()
             self._close()
             return self._buffer.getvalue()
+
+    def _mux_audio(self) -> None:
+        import av
+        import numpy as np
+
+        samples = np.concatenate(self._audio_pieces, axis=1)
+        target = self.num_audio_samples
+        if samples.shape[1] < target:
+            samples = np.pad(samples, ((0, 0), (0, target - samples.shape[1])))
+        samples = np.ascontiguousarray(samples[:, :target])
+        frame = av.AudioFrame.from_ndarray(samples, format="fltp", layout=AUDIO_LAYOUTS[self.audio_channels])
+        frame.sample_rate = self.audio_sample_rate
+        frame.pts = 0
+        for packet in self._audio_stream.encode(frame):  # PyAV cuts it into the codec's frames
+            self._container.mux(packet)
+        for packet in self._audio_stream.encode():
+            self._container.mux(packet)
 
     def close(self) -> None:
         """Drop the writer (after finish, a no-op)."""
@@ -165,13 +236,28 @@ class Mp4Writer:
         # smaller and 14% faster to encode on CPU).
         stream.options = {"crf": "18", "preset": "veryfast", "x264-params": MP4_X264_PARAMS}
         self._stream = stream
+        if self.audio_sample_rate is not None:
+            layout = AUDIO_LAYOUTS[self.audio_channels]
+            self._audio_stream = self._container.add_stream(
+                AUDIO_CODEC, rate=self.audio_sample_rate, layout=layout
+            )
 
 
-def encode_mp4(frames: Any, fps: int) -> bytes:
-    """uint8 frames [F, H, W, 3] to an H.264 MP4 (yuv420p, so odd sizes are padded by one pixel)."""
-    writer = Mp4Writer(fps)
+def encode_mp4(frames: Any, fps: int, audio: Any = None, audio_sample_rate: int | None = None) -> bytes:
+    """uint8 frames [F, H, W, 3] to an H.264 MP4 (yuv420p, so odd sizes are padded by one pixel),
+    with an AAC track of `audio` (float [channels, samples]) at `audio_sample_rate` when given."""
+    import numpy as np
+
+    if (audio is None) != (audio_sample_rate is None):
+        raise ValueError("give both audio and audio_sample_rate, or neither")
+    channels = 2 if audio is None or np.ndim(audio) != 1 else 1
+    if audio is not None and np.ndim(audio) == 2:
+        channels = int(np.shape(audio)[0])
+    writer = Mp4Writer(fps, audio_sample_rate, channels)
     try:
         writer.write(frames)
+        if audio is not None:
+            writer.write_audio(audio)
         return writer.finish()
     finally:
         writer.close()
@@ -199,15 +285,29 @@ def decode_mp4(data: bytes) -> Any:
     return np.stack(frames)
 
 
+def decode_mp4_audio(data: bytes) -> tuple[Any, int]:
+    """The audio track of MP4 bytes: (float32 [channels, samples], sample rate) (tests and the SDK)."""
+    import av
+    import numpy as np
+
+    with av.open(io.BytesIO(data), mode="r") as container:
+        if not container.streams.audio:
+            raise ValueError("the MP4 has no audio track")
+        rate = container.streams.audio[0].sample_rate
+        pieces = [frame.to_ndarray() for frame in container.decode(audio=0)]
+    return np.concatenate(pieces, axis=1).astype(np.float32), rate
+
+
 def decode_image(data: bytes, param: str = "input_reference") -> Any:
-    """Uploaded image bytes (PNG/JPEG/WEBP/...) to uint8 RGB [H, W, 3]; InvalidParam when unreadable."""
+    """Uploaded PNG, JPEG or WebP bytes to uint8 RGB [H, W, 3]; InvalidParam for any other format
+    (never handed to another decoder) or an unreadable image."""
     import numpy as np
     from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise InvalidParam(param, "the image is empty")
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(data), formats=UPLOAD_FORMATS) as image:
             width, height = image.size
             if width * height > MAX_UPLOAD_PIXELS:
                 raise InvalidParam(
@@ -217,8 +317,12 @@ def decode_image(data: bytes, param: str = "input_reference") -> Any:
             rgb.load()
     except InvalidParam:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
-        raise InvalidParam(param, "could not decode the image (use PNG, JPEG or WEBP)") from error
+    except UnidentifiedImageError as error:
+        raise InvalidParam(
+            param, "the image is not a PNG, JPEG or WebP file (the formats accepted)"
+        ) from error
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise InvalidParam(param, "could not decode the image (use PNG, JPEG or WebP)") from error
     return np.asarray(rgb, dtype=np.uint8)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from mstar.api.text_metrics import TextMetrics
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 QUEUE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -147,6 +149,7 @@ class PrometheusMetrics:
             [*labels, "node", "event"],
             registry=self.registry,
         )
+        self.text = TextMetrics(self.registry, model_name)  # text models' tokens, TTFT, KV pool
 
     def bind_runtime(self, read_stats: Callable[[], Any]) -> None:
         """Read running/waiting from `read_stats()` (Runtime.stats) at every scrape."""
@@ -180,8 +183,11 @@ class PrometheusMetrics:
 
     def count_node_events(self, node: str, increments: dict[str, int]) -> None:
         for event, count in increments.items():
-            if count > 0:
+            if count > 0 and not self.text.count_event(event, count):
                 self.node_events.labels(self.model_name, node, event).inc(count)
+
+    def set_node_gauges(self, node: str, gauges: dict[str, float]) -> None:
+        self.text.set_gauges(gauges)
 
     # API-side events
     def count_rejected(self) -> None:

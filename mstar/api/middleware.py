@@ -6,8 +6,8 @@ chunked upload without Content-Length is bounded too.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
 import re
 from typing import Any
 
@@ -15,6 +15,7 @@ from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mstar.api.errors import ApiError, error_response
+from mstar.api.json_body import parse_json_object
 
 GUARDED_PREFIXES = ("/v1/", "/generate")
 # The openai client sends nested form values as `field[key]` (e.g. input_reference[image_url]).
@@ -58,11 +59,22 @@ class ApiKeyMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Reads the whole body (at most max_body_bytes) before the route runs; 413 beyond."""
+    """Reads the whole body (at most max_body_bytes, within body_timeout_s) before the route runs;
+    413 beyond the size, 408 (and the connection closed) past the time: a client that stalls
+    mid-body holds nothing longer than that."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 60.0):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    def _too_slow(self) -> ApiError:
+        return ApiError(
+            408,
+            f"The request body did not arrive within {self.body_timeout_s:g} s.",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        )
 
     def _too_large(self) -> ApiError:
         return ApiError(
@@ -81,8 +93,14 @@ class BodyLimitMiddleware:
             return
         chunks: list[bytes] = []
         num_bytes = 0
+        deadline = asyncio.get_running_loop().time() + self.body_timeout_s
         while True:
-            message = await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                await _send_error(scope, receive, send, self._too_slow())
+                return
             if message["type"] != "http.request":
                 break
             chunk = message.get("body", b"")
@@ -134,13 +152,4 @@ async def read_fields(request: Request) -> dict[str, Any]:
             f"Unsupported content type '{content_type}'; send application/json or multipart/form-data.",
             code="unsupported_media_type",
         )
-    raw = await request.body()
-    if not raw.strip():
-        raise ApiError(400, "The request body is empty; send a JSON object.", code="invalid_json")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "The request body is not valid JSON.", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
-    return data
+    return parse_json_object(await request.body())

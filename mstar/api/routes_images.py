@@ -90,9 +90,21 @@ async def create_images(request: Request) -> Response:
     if content is not None:
         return Response(content, media_type="application/json")
     media_type = IMAGE_MEDIA_TYPES[output_format]
-    base_url = str(request.base_url).rstrip("/")
+    base_url = media_base_url(request, state.config)
     data = [{"url": f"{base_url}/media/{state.media.put(image, media_type)}"} for image in images]
     return JSONResponse({"created": created, "data": data, "output_format": output_format, "size": size})
+
+
+def media_base_url(request: Request, config: Any) -> str:
+    """config.public_url, else the address the request came in on (the server's socket): never the
+    client's Host header, or a request could choose where the links it gets back point."""
+    if config.public_url:
+        return config.public_url
+    scheme = request.scope.get("scheme", "http")
+    host, port = request.scope.get("server") or (config.host, config.port)
+    host = f"[{host}]" if ":" in host else host
+    default_port = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}" + (f":{port}" if port and port != default_port else "")
 
 
 @router.get("/media/{media_id}")

@@ -33,7 +33,7 @@ async def metrics(request: Request) -> Response:
 
 def _model_card(state: ServerState) -> dict[str, Any]:
     spec = state.spec
-    return {
+    card = {
         "id": spec.name,
         "object": "model",
         "created": int(state.created_at),
@@ -44,6 +44,9 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         # Size limits combine: tokens (x guidance labels) of one request per denoise step, at most this.
         "max_tokens_per_step": state.config.max_tokens_per_step,
     }
+    if state.text is not None:  # a text model: prompt and output tokens of one request, at most
+        card["max_model_len"] = card["context_length"] = state.text.frontend.context_length
+    return card
 
 
 @router.get("/v1/models")

@@ -42,7 +42,11 @@ def failure_error(kind: FailureKind, message: str) -> ApiError:
         return ApiError(504, "The request timed out.", type="server_error", code="timeout")
     if kind == "worker_died":
         return ApiError(
-            503, "A worker stopped; retry the request.", type="server_error", code="worker_unavailable"
+            503,
+            "A worker stopped; retry the request.",
+            type="server_error",
+            code="worker_unavailable",
+            headers={"Retry-After": "5"},
         )
     if kind == "out_of_memory":
         return ApiError(
@@ -51,6 +55,14 @@ def failure_error(kind: FailureKind, message: str) -> ApiError:
             type="server_error",
             code="out_of_memory",
             headers={"Retry-After": "5"},
+        )
+    if kind == "shutdown":
+        return ApiError(
+            503,
+            "The server is shutting down; retry the request.",
+            type="server_error",
+            code="shutting_down",
+            headers={"Retry-After": "1"},
         )
     if kind == "aborted":
         return ApiError(503, "The request was aborted.", type="server_error", code="aborted")
@@ -103,7 +115,7 @@ class Generator:
         if not self.runtime.ready:
             raise ApiError(
                 503,
-                "The server is starting or a worker is restarting; retry shortly.",
+                "The server is starting, or a worker is restarting or not responding; retry shortly.",
                 type="server_error",
                 code="not_ready",
                 headers={"Retry-After": "5"},

@@ -23,6 +23,7 @@ class ServerState:
     jobs: JobStore
     media: MediaStore
     owns_runtime: bool = False
+    text: Any = None  # mstar.api.text_service.TextService for text models, else None
     created_at: float = 0.0
     background: set = field(default_factory=set)
 

@@ -108,6 +108,31 @@ def _suite_parser(sub: Any) -> None:
     _add_output(parser, "serve-suite")
 
 
+def _llm_parser(sub: Any) -> None:
+    parser = sub.add_parser("llm", help="LLM serving (random weights) against transformers' generate")
+    parser.add_argument(
+        "--model",
+        default="qwen3-0.6b",
+        help="a registered text model with a bench entry (qwen3-0.6b ... qwen3-8b)",
+    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--concurrency", type=_int_list, default=[1, 8, 32, 128])
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--output-tokens", type=int, default=256)
+    parser.add_argument("--system-prompt-tokens", type=int, default=2048, help="the prefix-cache phase")
+    parser.add_argument("--num-prefix-pairs", type=int, default=5)
+    parser.add_argument("--base-url", help="a running server (default: boot one in this process)")
+    parser.add_argument(
+        "--kv-attention-backend", default="auto", choices=["auto", "flashinfer", "fa3", "torch"]
+    )
+    parser.add_argument("--no-cuda-graphs", action="store_false", dest="cuda_graphs")
+    parser.add_argument("--compile-cache-dir", help="where FlashInfer's JIT builds are kept")
+    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--server-log", help="where the local server's log goes (default: stderr)")
+    parser.add_argument("--seed", type=int, default=0)
+    _add_output(parser, "llm")
+
+
 def _table_parser(sub: Any) -> None:
     parser = sub.add_parser("table", help="print a compact table of result JSON files (partial ones too)")
     parser.add_argument("results", nargs="+", type=Path, help="result JSON files or folders")
@@ -200,7 +225,7 @@ def _report_parser(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench", description=__doc__)
     sub = parser.add_subparsers(dest="benchmark", required=True)
-    parsers = (_serve_parser, _suite_parser, _step_parser, _diffusers_parser, _parity_parser)
+    parsers = (_serve_parser, _suite_parser, _step_parser, _diffusers_parser, _parity_parser, _llm_parser)
     for add in (*parsers, _report_parser, _table_parser):
         add(sub)
     return parser
@@ -268,6 +293,13 @@ def _run(args: argparse.Namespace, argv: list[str], write: Any) -> dict[str, Any
         result = run_serve_benchmark(_serve_options(args), args.concurrency, args.request_rate)
         result["workload"] = args.workload
         return result
+    if args.benchmark == "llm":
+        from mstar.bench.llm import LLMOptions, run_llm_benchmark
+
+        names = ("model", "device", "concurrency", "prompt_tokens", "output_tokens", "system_prompt_tokens")
+        names += ("num_prefix_pairs", "base_url", "kv_attention_backend", "cuda_graphs", "compile_cache_dir")
+        names += ("skip_baseline", "server_log", "seed")
+        return run_llm_benchmark(LLMOptions(**{n: getattr(args, n) for n in names}))
     if args.benchmark == "step":
         from mstar.bench.step import StepOptions, run_step_benchmark
 

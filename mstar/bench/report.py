@@ -105,10 +105,12 @@ def diffusers_table(result: dict[str, Any]) -> str:
 
 
 def result_markdown(result: dict[str, Any]) -> str:
+    from mstar.bench.llm import llm_table
     from mstar.bench.parity import parity_table
     from mstar.bench.suite_report import suite_table
 
     tables = {
+        "llm": llm_table,
         "serve": serve_table,
         "step": step_table,
         "diffusers": diffusers_table,

@@ -61,6 +61,13 @@ def exponential_time_shift(mu: float, sigmas: np.ndarray) -> np.ndarray:
     return math.exp(mu) / (math.exp(mu) + (1 / sigmas - 1) ** 1.0)
 
 
+def stretch_to_terminal(sigmas: np.ndarray, terminal: float) -> np.ndarray:
+    """Scale 1 - sigma so the schedule's last sigma is `terminal` (stretch_shift_to_terminal)."""
+    one_minus = 1 - sigmas
+    scale = one_minus[-1] / (1 - terminal)
+    return 1 - (one_minus / scale)
+
+
 def _check_num_steps(num_steps: int) -> None:
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
@@ -70,7 +77,8 @@ class FlowMatchEulerSampler:
     """Euler steps on a shifted flow schedule (diffusers FlowMatchEulerDiscreteScheduler).
 
     `sigmas` (optional, length num_steps) replaces the default linspace(sigma_max, sigma_min)
-    schedule; `mu` switches from the static `shift` to the exponential time shift.
+    schedule; `mu` switches from the static `shift` to the exponential time shift;
+    `shift_terminal` stretches the shifted schedule so that it ends at that sigma (LTX's).
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class FlowMatchEulerSampler:
         sigmas: Sequence[float] | None = None,
         mu: float | None = None,
         num_train_timesteps: int = NUM_TRAIN_TIMESTEPS,
+        shift_terminal: float | None = None,
     ):
         _check_num_steps(num_steps)
         if sigmas is not None and len(sigmas) != num_steps:
@@ -88,6 +97,7 @@ class FlowMatchEulerSampler:
         self.shift = float(shift)
         self.mu = mu
         self.num_train_timesteps = num_train_timesteps
+        self.shift_terminal = shift_terminal
         schedule = self._schedule(sigmas)
         self.timesteps = schedule * num_train_timesteps  # float32 [num_steps]
         self.sigmas = torch.cat([schedule, torch.zeros(1)])  # float32 [num_steps + 1]
@@ -106,7 +116,10 @@ class FlowMatchEulerSampler:
             schedule = timesteps / n_train
         else:
             schedule = np.array(sigmas).astype(np.float32)
-        return torch.from_numpy(np.asarray(self._shifted(schedule))).to(torch.float32)
+        shifted = np.asarray(self._shifted(schedule))
+        if self.shift_terminal:
+            shifted = stretch_to_terminal(shifted, self.shift_terminal)
+        return torch.from_numpy(shifted).to(torch.float32)
 
     def _train_sigma_range(self) -> tuple[float, float]:
         """(sigma_max, sigma_min) of the training schedule, shifted unless dynamic (as diffusers)."""

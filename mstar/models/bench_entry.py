@@ -1,6 +1,7 @@
 """What a family registers for the benchmarks beside its spec (models/registry.py): one
-BenchEntry subclass in models/<family>/bench.py (a DitBenchEntry for a diffusion family), so `mstar bench step | diffusers | profile` and the
-FLOP counter serve a new family by its registering, with no branch of theirs naming it.
+BenchEntry subclass in models/<family>/bench.py (a DitBenchEntry for a diffusion family, a
+TextBenchEntry for a text one), so `mstar bench step | diffusers | profile | llm` and the FLOP
+counter serve a new family by its registering, with no branch of theirs naming it.
 
 Torch-free at import: the entry's methods import torch, diffusers and the family's model files.
 Items are the step benchmark's inputs: {"latents": [C, F, h, w], "timestep": float, "text": [S, D]},
@@ -55,14 +56,24 @@ class EndToEndWorkload:
 
 
 class BenchEntry:
-    """What every family registers: its label, its workloads and its full-size parity check. An LLM
-    family's entry starts here; a diffusion family's is a DitBenchEntry."""
+    """What every benchmarked family registers: its label, its workloads and its full-size parity
+    check. A text family's entry is a TextBenchEntry; a diffusion family's is a DitBenchEntry."""
 
     family: str  # the results' label
     step_workloads: tuple[StepWorkload, ...] = ()
     e2e_workloads: tuple[EndToEndWorkload, ...] = ()
     # The full-size parity check against diffusers ("module:function"), where the family has one.
     parity: str | None = None
+
+
+class TextBenchEntry(BenchEntry, ABC):
+    """A text family's: `mstar bench llm` serves one of its registered names with random weights
+    and times the reference (transformers' batched generate) on the same seeded weights."""
+
+    @abstractmethod
+    def reference_model(self, model_config: Any, device: str, seed: int, dtype: Any) -> Any:
+        """transformers' causal LM holding the weights the server builds from `model_config` with
+        `seed` (--random-weights), parameters in `dtype` on `device`, EOS off (a fixed output length)."""
 
 
 class DitBenchEntry(BenchEntry, ABC):

@@ -2,7 +2,8 @@
 the API stays light (no torch) and `mstar bench` finds every family here, by its registering.
 
 Adding a family: a folder models/<family>/ (geometry.py, model.py, pipeline.py, the eager model
-files, optimize.py, bench.py) and one line below (docs/architecture.md walks through it).
+files, optimize.py, bench.py; a text family: model.py on mstar.llm.spec, nodes.py, bench.py) and
+one line below (docs/architecture.md walks through it).
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ class Registered:
     bench: str | None = None  # "module:BenchEntry subclass" (mstar.models.bench_entry), if benchmarked
 
 
+QWEN3_BENCH = "mstar.models.qwen3.bench:Qwen3Bench"  # one entry for every registered Qwen3 size
 MODELS: dict[str, Registered] = {
     "tiny-digits": Registered("mstar.models.tiny_digits.model:TinyDigitsSpec"),
     "wan2.2-ti2v-5b": Registered("mstar.models.wan22.model:Wan22Spec", "mstar.models.wan22.bench:WanBench"),
     "z-image-turbo": Registered(
         "mstar.models.zimage.model:ZImageSpec", "mstar.models.zimage.bench:ZImageBench"
     ),
+    "tiny-chat": Registered("mstar.models.tiny_chat.model:TinyChatSpec", QWEN3_BENCH),
+    "qwen3": Registered("mstar.models.qwen3.model:Qwen3Spec", QWEN3_BENCH),
+    "qwen3-0.6b": Registered("mstar.models.qwen3.model:Qwen3_0_6BSpec", QWEN3_BENCH),
+    "qwen3-1.7b": Registered("mstar.models.qwen3.model:Qwen3_1_7BSpec", QWEN3_BENCH),
+    "qwen3-4b": Registered("mstar.models.qwen3.model:Qwen3_4BSpec", QWEN3_BENCH),
+    "qwen3-8b": Registered("mstar.models.qwen3.model:Qwen3_8BSpec", QWEN3_BENCH),
 }
 
 
@@ -59,8 +67,18 @@ def get_model_spec(name: str) -> ModelSpec:
 
 
 def bench_entries() -> list[Any]:
-    """Every registered family's bench entry (mstar.models.bench_entry.BenchEntry), in order."""
-    return [_resolve(registered.bench)() for registered in MODELS.values() if registered.bench is not None]
+    """Every registered family's bench entry (mstar.models.bench_entry.BenchEntry), once each, in
+    order (several names of one family share its entry)."""
+    targets = dict.fromkeys(r.bench for r in MODELS.values() if r.bench is not None)
+    return [_resolve(target)() for target in targets]
+
+
+def bench_entry(name: str) -> Any | None:
+    """The bench entry of a registered model name (None when its family registers none)."""
+    registered = MODELS.get(name)
+    if registered is None:
+        raise UnknownModel(name)
+    return None if registered.bench is None else _resolve(registered.bench)()
 
 
 def spec_path(spec: ModelSpec) -> str:

@@ -14,6 +14,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from mstar.runtime.tensors import export_tensors, import_outputs
 
 MAX_WALKS_PER_REQUEST = 256  # a model whose next_walk never returns None must not spin forever
 MAX_REMEMBERED_ENDINGS = 4096
-OUTCOMES = {"aborted": "aborted", "timeout": "timeout"}
+OUTCOMES = {"aborted": "aborted", "shutdown": "aborted", "timeout": "timeout"}
 
 log = logging.getLogger("mstar.runtime")
 
@@ -51,6 +52,7 @@ class Job:
     num_walks: int = 0
     workers: set[int] = field(default_factory=set)  # workers the current walk needs
     pieces: dict[str, list[np.ndarray]] = field(default_factory=dict)  # to join, for other callers
+    inline_pieces: dict[str, list[Any]] = field(default_factory=dict)  # InlinePiece values, in order
     num_pieces: dict[str, int] = field(default_factory=dict)  # OutputPiece messages taken, per key
 
 
@@ -125,8 +127,8 @@ class Conductor:
             if not self.config.worker_restart:
                 self.fail_waiting("a worker is down and restarts are off", "worker_died")
             return
-        if not self.pool.peers_settled:
-            return  # the last PeersKnown admits them
+        if not self.pool.peers_settled or self.pool.any_stalled:
+            return  # the last PeersKnown, or the stalled worker's next heartbeat, admits them
         while self.waiting and len(self.running) < self.config.max_concurrent_requests:
             job = self.jobs[self.waiting.popleft()]
             self.running.add(job.rid)
@@ -187,6 +189,8 @@ class Conductor:
             self._on_progress(message)
         elif isinstance(message, m.OutputPiece):
             self._on_output_piece(message)
+        elif isinstance(message, m.InlinePiece):
+            self._on_inline_piece(message)
         elif isinstance(message, m.WalkDone):
             self._on_walk_done(message)
         elif isinstance(message, m.RequestError):
@@ -203,6 +207,8 @@ class Conductor:
             self.metrics.count_recompile(message.node, message.count)
         elif isinstance(message, m.NodeEvents):
             self.metrics.count_node_events(message.node, message.increments)
+            if message.gauges:
+                self.metrics.set_node_gauges(message.node, message.gauges)
 
     def _on_progress(self, message: m.StepProgress) -> None:
         job = self.jobs.get(message.rid)
@@ -224,11 +230,12 @@ class Conductor:
             if message.num_pieces != job.num_pieces:
                 raise ValueError(f"{job.num_pieces} output pieces arrived, {message.num_pieces} were sent")
             outputs.update({key: np.concatenate(pieces) for key, pieces in job.pieces.items()})
+            outputs.update(job.inline_pieces)  # lists of the values, in order
         except Exception as exc:
             log.exception("request %s: could not read outputs", job.handle.request_id)
             self._end(job, Failed(f"could not read outputs: {exc}", "error"))
             return
-        job.pieces = {}
+        job.pieces, job.inline_pieces = {}, {}
         self._end(job, Done(outputs))
 
     def _on_output_piece(self, message: m.OutputPiece) -> None:
@@ -251,6 +258,23 @@ class Conductor:
             job.handle.push(Piece(key, message.index, piece))
         else:
             job.pieces.setdefault(key, []).append(piece)
+
+    def _on_inline_piece(self, message: m.InlinePiece) -> None:
+        job = self.jobs.get(message.rid)
+        if job is None:
+            return
+        key = message.key
+        if message.index != job.num_pieces.get(key, 0):
+            log.error(
+                "request %s: piece %d of '%s' came out of order", job.handle.request_id, message.index, key
+            )
+            self._end(job, Failed(f"piece {message.index} of '{key}' came out of order", "error"))
+            return
+        job.num_pieces[key] = message.index + 1
+        if key in job.handle.stream_outputs:
+            job.handle.push(Piece(key, message.index, message.value))
+        else:
+            job.inline_pieces.setdefault(key, []).append(message.value)
 
     # ---- endings -------------------------------------------------------------------------
 

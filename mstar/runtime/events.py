@@ -4,6 +4,7 @@ stream, then exactly one Done or Failed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -18,11 +19,12 @@ class Progress:
 
 @dataclass(frozen=True)
 class Piece:
-    """The next piece (axis 0, in order) of a streamed output: a clip's frames as they are decoded."""
+    """The next piece (axis 0, in order) of a streamed output: a clip's frames as they are decoded,
+    or a JSON-able value a node sent inline (a text model's tokens of one step)."""
 
     key: str
     index: int
-    value: np.ndarray
+    value: np.ndarray | Any
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Directions: C = conductor (API process), W = worker process.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -95,6 +95,16 @@ class OutputPiece(msgspec.Struct, tag=True, frozen=True):
     piece: TensorRef
 
 
+class InlinePiece(msgspec.Struct, tag=True, frozen=True):
+    """A small JSON-able piece of a final output, carried in the message itself (a text model's
+    tokens of one step): same order and count rules as OutputPiece, no shared-memory segment."""
+
+    rid: str
+    key: str
+    index: int  # 0, 1, ... per key
+    value: Any
+
+
 class RequestError(msgspec.Struct, tag=True, frozen=True):
     rid: str
     message: str
@@ -119,6 +129,7 @@ class NodeEvents(msgspec.Struct, tag=True, frozen=True):
 
     node: str
     increments: dict[str, int]
+    gauges: dict[str, float] = {}  # the node's current levels (Node.gauges) when they changed
 
 
 # ---- conductor -> worker -------------------------------------------------------------------
@@ -192,6 +203,7 @@ Message = (
     | StepProgress
     | WalkDone
     | OutputPiece
+    | InlinePiece
     | RequestError
     | StepStats
     | Recompiles

@@ -22,6 +22,9 @@ class MetricsSink(Protocol):
 
     def count_node_events(self, node: str, increments: dict[str, int]) -> None: ...
 
+    def set_node_gauges(self, node: str, gauges: dict[str, float]) -> None:
+        """A node's current levels (Node.gauges), e.g. the share of the KV pool in use."""
+
     def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None:
         """The worker's peak allocated GPU bytes over its last heartbeat interval."""
 
@@ -47,6 +50,9 @@ class NullMetrics:
         pass
 
     def count_node_events(self, node: str, increments: dict[str, int]) -> None:
+        pass
+
+    def set_node_gauges(self, node: str, gauges: dict[str, float]) -> None:
         pass
 
     def observe_gpu_memory(self, worker: int, peak_allocated_bytes: int) -> None:

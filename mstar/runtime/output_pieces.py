@@ -4,6 +4,8 @@ A node in the last stage of a request's final walk gets `RequestState.emit_outpu
 writes one piece to shared memory and sends an OutputPiece at once, so the caller can start on
 it (the MP4 muxer takes a clip's first frames while the VAE still decodes the rest). WalkDone
 then counts the pieces per key, and the conductor checks the count before it finishes the request.
+A piece that is a small JSON-able value (dict, list or str: a text model's tokens of one step)
+travels inside an InlinePiece message instead of a segment.
 """
 
 from __future__ import annotations
@@ -29,12 +31,20 @@ class PieceSender:
     def __call__(self, key: str, piece: Any) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"emit_output needs an output name, got {key!r}")
+        if isinstance(piece, dict | list | str):  # JSON-able, small: inline, no segment
+            self._send_inline(key, piece)
+            return
         array, dtype_name = to_numpy(piece)  # a device tensor: copied here, after the work queued before it
         if array.ndim == 0:
             raise ValueError(f"output '{key}': a piece needs an axis 0 to join along, got a scalar")
         ref = self.store.write(self.rid, key, array, dtype_name)
         index = self.num_pieces.get(key, 0)
         self.send(m.OutputPiece(self.rid, index, ref))
+        self.num_pieces[key] = index + 1
+
+    def _send_inline(self, key: str, value: Any) -> None:
+        index = self.num_pieces.get(key, 0)
+        self.send(m.InlinePiece(self.rid, key, index, value))
         self.num_pieces[key] = index + 1
 
 

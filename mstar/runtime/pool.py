@@ -20,7 +20,8 @@ from mstar.config import NodeGroup
 from mstar.runtime import messages as m
 from mstar.runtime.transport import Outboxes, bind_endpoint
 
-HEARTBEAT_TIMEOUT_S = 30.0  # only catches frozen workers; exits are seen by polling at once
+# A worker silent this many heartbeat intervals missed two beats (the half absorbs jitter): stalled.
+STALLED_AFTER_INTERVALS = 2.5
 MAX_RESTART_BACKOFF_S = 30.0
 EXIT_WAIT_S = 5.0
 
@@ -41,6 +42,7 @@ class WorkerProcess:
     boot_error: str = ""
     released: list[str] = field(default_factory=list)
     peers_version: int = -1  # the newest Peers table it applied (PeersKnown)
+    stalled: bool = False  # up, but missed two heartbeats (frozen, or hung in native code)
 
     @property
     def is_up(self) -> bool:
@@ -48,8 +50,19 @@ class WorkerProcess:
 
 
 class WorkerPool:
-    def __init__(self, groups: list[NodeGroup], boot_template: m.WorkerBoot, transport: str, run_dir: str):
+    def __init__(
+        self,
+        groups: list[NodeGroup],
+        boot_template: m.WorkerBoot,
+        transport: str,
+        run_dir: str,
+        heartbeat_interval_s: float = 1.0,
+        heartbeat_timeout_s: float = 30.0,
+    ):
+        """A worker silent for heartbeat_timeout_s is killed (exits are seen by polling at once)."""
         self.workers = [WorkerProcess(index, group) for index, group in enumerate(groups)]
+        self.stalled_after_s = STALLED_AFTER_INTERVALS * heartbeat_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self._template = boot_template
         self._transport = transport
         self._run_dir = run_dir
@@ -63,7 +76,7 @@ class WorkerPool:
         worker = self.workers[index]
         worker.incarnation += 1
         worker.endpoint, worker.restart_at, worker.boot_error = "", None, ""
-        worker.peers_version = -1
+        worker.peers_version, worker.stalled = -1, False
         worker.last_heartbeat = time.monotonic()
         boot = msgspec.structs.replace(
             self._template,
@@ -75,7 +88,15 @@ class WorkerPool:
         # The worker imports the spec's module by name: give it the API process's import path.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
         worker.popen = subprocess.Popen(
-            [sys.executable, "-m", "mstar.runtime.worker", "--worker", str(index)],
+            [
+                sys.executable,
+                "-m",
+                "mstar.runtime.worker",
+                "--worker",
+                str(index),
+                "--parent-pid",
+                str(os.getpid()),
+            ],
             stdin=subprocess.PIPE,
             env=env,
             start_new_session=True,  # Ctrl-C goes to the API process, which shuts workers down
@@ -115,11 +136,34 @@ class WorkerPool:
     def peers_settled(self) -> bool:
         return all(w.peers_version == self.peers_version for w in self.workers if w.is_up)
 
-    def on_heartbeat(self, message: m.Heartbeat) -> None:
+    def on_heartbeat(self, message: m.Heartbeat) -> bool:
+        """True when the beat ends a stall (the requests it held back may be admitted)."""
         worker = self.workers[message.worker]
-        if message.incarnation == worker.incarnation:
-            worker.last_heartbeat = time.monotonic()
-            worker.num_requests = message.num_requests
+        if message.incarnation != worker.incarnation:
+            return False
+        worker.last_heartbeat = time.monotonic()
+        worker.num_requests = message.num_requests
+        if not worker.stalled:
+            return False
+        worker.stalled = False
+        log.warning("worker %d heartbeats again", worker.index)
+        return True
+
+    def find_stalled(self) -> None:
+        """Mark up workers silent for two heartbeat intervals stalled (the caller makes sure no
+        heartbeat waits unread in its inbox, so a busy event loop does not stall every worker)."""
+        now = time.monotonic()
+        for worker in self.workers:
+            silent_s = now - worker.last_heartbeat
+            if worker.is_up and not worker.stalled and silent_s > self.stalled_after_s:
+                worker.stalled = True
+                log.error(
+                    "worker %d missed two heartbeats (silent %.1f s): not ready", worker.index, silent_s
+                )
+
+    @property
+    def any_stalled(self) -> bool:
+        return any(worker.stalled for worker in self.workers)
 
     def find_dead(self) -> list[int]:
         """Workers that exited or went silent since the last look (their processes are reaped)."""
@@ -129,13 +173,13 @@ class WorkerPool:
             if worker.popen is None:
                 continue
             exited = worker.popen.poll() is not None
-            silent = worker.is_up and now - worker.last_heartbeat > HEARTBEAT_TIMEOUT_S
+            silent = worker.is_up and now - worker.last_heartbeat > self.heartbeat_timeout_s
             if exited or silent:
                 if silent and not exited:
                     log.error(
                         "worker %d sent no heartbeat for %.0f s: killing it",
                         worker.index,
-                        HEARTBEAT_TIMEOUT_S,
+                        self.heartbeat_timeout_s,
                     )
                 self._reap(worker)
                 dead.append(worker.index)
@@ -148,7 +192,7 @@ class WorkerPool:
         code = popen.wait()
         if worker.is_up or not worker.boot_error:
             log.error("worker %d (pid %d) exited with code %s", worker.index, popen.pid, code)
-        worker.endpoint = ""
+        worker.endpoint, worker.stalled = "", False
         worker.num_requests = 0
         self.outboxes.set_endpoint(worker.index, "")
         self.broadcast_peers()

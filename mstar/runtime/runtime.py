@@ -67,7 +67,8 @@ class Runtime:
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self._warmed = False
-        self._closing = False
+        self._closing = False  # draining: no new requests, no worker restarts
+        self._shut_down = False
         self._on_boot_progress: Callable[[str, int, int], None] | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -87,7 +88,10 @@ class Runtime:
             self.config.model_dump_json(), spec_path(self.spec), 0, 0, "", endpoint,
             str(self._store.directory), prefix,
         )  # fmt: skip
-        self._pool = WorkerPool(self.groups, template, self.config.transport, self._run_dir)
+        self._pool = WorkerPool(
+            self.groups, template, self.config.transport, self._run_dir,
+            self.config.heartbeat_interval_s, self.config.heartbeat_timeout_s,
+        )  # fmt: skip
         self._conductor = Conductor(self.config, self.spec, self.owner, self._pool, self._store, self.metrics)
         self._on_boot_progress = on_progress
         self._tasks = [asyncio.create_task(self._receive())]
@@ -154,17 +158,26 @@ class Runtime:
         nodes = ",".join(self.groups[index].nodes)
         return f"worker {index} ({nodes} on {self.groups[index].device}) failed to boot: {error}"
 
-    async def shutdown(self, timeout_s: float = 30.0) -> None:
-        if self._pool is None or self._closing:
+    async def drain(self, timeout_s: float) -> None:
+        """Take no more requests (`ready` turns False), fail the waiting ones, give the running ones
+        up to timeout_s to finish, then fail them (kind "shutdown"). The workers keep running."""
+        if self._conductor is None:
             return
         self._closing = True
         conductor = self._conductor
         conductor.accepting = False
-        conductor.fail_waiting("server is shutting down", "aborted")
+        conductor.fail_waiting("server is shutting down", "shutdown")
         deadline = time.monotonic() + timeout_s
         while conductor.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        conductor.fail_all("server shut down before the request finished", "aborted")
+        conductor.fail_all("server shut down before the request finished", "shutdown")
+
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        """drain(timeout_s), then stop the workers and remove the sockets and segments."""
+        if self._pool is None or self._shut_down:
+            return
+        self._shut_down = True
+        await self.drain(timeout_s)
         await self._teardown()
 
     async def _teardown(self) -> None:
@@ -194,7 +207,8 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        return self._started and self._warmed and not self._closing and self._pool.all_up
+        pool = self._pool
+        return self._started and self._warmed and not self._closing and pool.all_up and not pool.any_stalled
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -241,7 +255,8 @@ class Runtime:
 
     def _on_message(self, message: m.Message) -> None:
         if isinstance(message, m.Heartbeat):
-            self._pool.on_heartbeat(message)
+            if self._pool.on_heartbeat(message) and self._started:
+                self._conductor.admit_waiting()
             self.metrics.observe_gpu_memory(message.worker, message.gpu_peak_allocated_bytes)
         elif isinstance(message, m.Ready):
             self._pool.on_ready(message)
@@ -282,6 +297,8 @@ class Runtime:
                 log.exception("runtime monitor iteration failed")
 
     def _watch_workers(self) -> None:
+        if not self._inbox.get(zmq.EVENTS) & zmq.POLLIN:  # else heartbeats may wait unread there
+            self._pool.find_stalled()
         for index in self._pool.find_dead():
             self._conductor.on_worker_down(index)
             if self.config.worker_restart and not self._closing:

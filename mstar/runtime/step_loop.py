@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_cached_memory
 from mstar.errors import FailureKind
@@ -21,6 +20,7 @@ from mstar.graph import Loop, ModelSpec, Node, RequestState
 from mstar.params import decode_params
 from mstar.runtime import messages as m
 from mstar.runtime.batch_planner import Candidate, NodeQueue, plan_batches
+from mstar.runtime.node_calls import step_cost_of
 from mstar.runtime.requests import RequestTable, WorkerRequest
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_telemetry import StepTelemetry
@@ -133,7 +133,7 @@ class StepLoop:
     def _run_batch(self, slot: NodeSlot, batch: list[WorkerRequest]) -> None:
         node = slot.node
         states = [r.state for r in batch]
-        cost = sum(_safe_cost(node, state) for state in states)
+        cost = sum(step_cost_of(node, state) for state in states)
         with self.telemetry.around_forward(node) as done:
             failure = _run_forward(node, states)
             if failure is None:
@@ -191,6 +191,7 @@ class StepLoop:
                 self.queues[name].node.release(request.state)
             except Exception:
                 log.exception("%s.release failed for %s", name, request.state.request_id)
+            self.telemetry.report_events(self.queues[name].node)  # levels change without a step
 
     def release_all(self) -> None:
         for rid in list(self.table.rids()):
@@ -206,10 +207,3 @@ def _run_forward(node: Node, batch: list[RequestState]) -> tuple[str, bool] | No
         log.exception("%s.forward failed for %d request(s)", node.name, len(batch))
         return str(exc), is_out_of_memory(exc)
     return None
-
-
-def _safe_cost(node: Node, state: Any) -> int:
-    try:
-        return int(node.step_cost(state))
-    except Exception:
-        return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -28,7 +29,6 @@ from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_loop import StepLoop
 from mstar.runtime.transport import Outboxes, bind_inbox, connect_push, send
 
-HEARTBEAT_INTERVAL_S = 0.5
 IDLE_POLL_MS = 100
 FLUSH_ON_EXIT_MS = 1000
 
@@ -95,14 +95,17 @@ def _timed_warmup(node: Node) -> None:
 
 
 class Worker:
-    def __init__(self, boot: m.WorkerBoot):
+    def __init__(self, boot: m.WorkerBoot, parent_pid: int | None = None):
+        """`parent_pid`: the API process, as it said when it spawned us (os.getppid() by now may be
+        1 already: a parent that died while we imported would go unnoticed)."""
         self.boot = boot
         self.context = zmq.Context()
         self.inbox, self.endpoint = bind_inbox(self.context, boot.bind_endpoint)
         self.conductor = connect_push(self.context, boot.conductor_endpoint)
         self.peers = Outboxes(self.context)
         self.store = SegmentStore(boot.segment_dir, boot.segment_prefix)
-        self.parent_pid = os.getppid()
+        self.parent_pid = os.getppid() if parent_pid is None else parent_pid
+        self.heartbeat_interval_s = ServerConfig.model_validate_json(boot.config_json).heartbeat_interval_s
         self.loop: StepLoop | None = None
         self.stopping = False
         self._boot_progress_lock = threading.Lock()
@@ -200,7 +203,7 @@ class Worker:
                     self.boot.worker, self.boot.incarnation, num_requests, self._peak_allocated_bytes()
                 ),
             )
-            self._heartbeat_stop.wait(HEARTBEAT_INTERVAL_S)
+            self._heartbeat_stop.wait(self.heartbeat_interval_s)
         socket.close(linger=0)
 
     def _peak_allocated_bytes(self) -> int:
@@ -229,13 +232,18 @@ class Worker:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mstar.runtime.worker")
     parser.add_argument("--worker", type=int, required=True, help="worker index (also in the boot JSON)")
+    parser.add_argument("--parent-pid", type=int, help="the API process (default: our parent now)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("MSTAR_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s worker{args.worker} %(levelname)s %(name)s: %(message)s",
     )
+    # The API process stops its workers (Shutdown, then SIGKILL; they also leave when it is gone).
+    # A SIGTERM sent to every process of the service (systemd's default KillMode) must not end a
+    # worker under the requests the API process is still draining.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     boot = msgspec.json.decode(sys.stdin.buffer.read(), type=m.WorkerBoot)
-    worker = Worker(boot)
+    worker = Worker(boot, args.parent_pid)
     worker.start_heartbeat()
     try:
         if not worker.boot_nodes():

@@ -19,7 +19,8 @@ def build_client(spec=None, api_key=None, step_delay_s=0.0, max_active=64, **con
     metrics = PrometheusMetrics(spec.name)
     runtime = FakeRuntime(metrics=metrics, step_delay_s=step_delay_s, max_active=max_active)
     app = create_app(config, spec, runtime, metrics=metrics)
-    client = TestClient(app, raise_server_exceptions=False)
+    # A loopback name: the app refuses others (TestClient's default is "testserver").
+    client = TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)
     return client, runtime
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -11,10 +12,22 @@ STARTUP_TIMEOUT_S = 60.0
 
 
 class LiveServer:
-    def __init__(self, app):
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="live-uvicorn", daemon=True)
+    """`server`: a uvicorn.Server to run instead of a plain one (mstar.api.server.build_server's,
+    with the connection bounds), on a socket bound here."""
+
+    def __init__(self, app, server: uvicorn.Server | None = None):
+        sockets = None
+        if server is None:
+            config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+            server = uvicorn.Server(config)
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets = [sock]
+        self.server = server
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": sockets}, name="live-uvicorn", daemon=True
+        )
         self.base_url = ""
 
     def __enter__(self) -> LiveServer:

@@ -67,6 +67,24 @@ class LiveVideoSpec(_LiveNodes, FakeVideoSpec):
         return msgspec.structs.replace(super().validate(params), step_sleep_s=0.05)
 
 
+class SlowImageSpec(LiveImageSpec):
+    """0.1 s a step and up to 400 steps: requests that are still in flight when the test acts."""
+
+    name = "slow-image"
+    max_steps = 400
+
+    def validate(self, params: Any) -> Any:
+        return msgspec.structs.replace(super().validate(params), step_sleep_s=0.1)
+
+
+class SlowBootImageSpec(LiveImageSpec):
+    """Builds its nodes for a minute: a server stopped while it boots."""
+
+    def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
+        time.sleep(60)
+        return super().build_nodes(ctx)
+
+
 class BrokenBootImageSpec(LiveImageSpec):
     """Fails in build_nodes the way an unusable attention backend does."""
 

@@ -26,10 +26,10 @@ IMAGE_SPEC = "tests.api.live_models:LiveImageSpec"
 VIDEO_SPEC = "tests.api.live_models:LiveVideoSpec"
 
 
-def start_serve(*args: str, env_key: str | None = None) -> subprocess.Popen:
+def start_serve(*args: str, env_key: str | None = None, **env_vars: str) -> subprocess.Popen:
     # REPO first, the caller's path kept: on the GPU machine the server's deps come through PYTHONPATH
     python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=python_path)
+    env = dict(os.environ, PYTHONPATH=python_path, **env_vars)
     env.pop("MSTAR_API_KEY", None)
     if env_key:
         env["MSTAR_API_KEY"] = env_key
@@ -112,6 +112,15 @@ def test_main_logging_covers_only_mstar_loggers_and_is_added_once(monkeypatch):
         for handler in [h for h in logger.handlers if h.get_name() == cli.MAIN_LOG_HANDLER]:
             logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+def test_api_key_comes_from_the_environment_and_the_flag_warns(monkeypatch, capsys):
+    monkeypatch.setenv(cli.API_KEY_ENV, "from-env")
+    config = cli.load_server_config(cli.build_parser().parse_args(["serve", IMAGE_SPEC]))
+    assert config.api_key == "from-env" and "warning" not in capsys.readouterr().err
+    config = cli.load_server_config(cli.build_parser().parse_args(["serve", IMAGE_SPEC, "--api-key", "k"]))
+    assert config.api_key == "k"
+    assert f"--api-key shows in the process list; set {cli.API_KEY_ENV}" in capsys.readouterr().err
 
 
 def test_serve_rejects_a_bad_flag_value(capsys):

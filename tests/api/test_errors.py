@@ -25,12 +25,16 @@ def _raw(content: bytes | str, content_type: str = "application/json"):
     return {"content": content, "headers": {"content-type": content_type}}
 
 
-def _png(width: int, height: int) -> bytes:
+def _image(width: int, height: int, fmt: str) -> bytes:
     from PIL import Image
 
     buffer = io.BytesIO()
-    Image.new("RGB", (width, height), (200, 10, 10)).save(buffer, format="PNG")
+    Image.new("RGB", (width, height), (200, 10, 10)).save(buffer, format=fmt)
     return buffer.getvalue()
+
+
+def _png(width: int, height: int) -> bytes:
+    return _image(width, height, "PNG")
 
 
 # (id, method, path, request kwargs, status, param, code)
@@ -208,6 +212,15 @@ VIDEO_CASES = [
         "POST",
         "/v1/videos",
         {"data": {"prompt": "x"}, "files": {"input_reference": ("a.png", b"not an image", "image/png")}},
+        400,
+        "input_reference",
+        "invalid_value",
+    ),
+    (
+        "reference-bmp",  # an image Pillow can read, in a format the API does not take
+        "POST",
+        "/v1/videos",
+        {"data": {"prompt": "x"}, "files": {"input_reference": ("a.bmp", _image(8, 8, "BMP"), "image/bmp")}},
         400,
         "input_reference",
         "invalid_value",

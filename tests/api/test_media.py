@@ -87,6 +87,24 @@ def test_decode_rejects_garbage(data):
     assert error.value.param == "input_reference"
 
 
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
+def test_decode_takes_png_jpeg_webp(fmt):
+    buffer = io.BytesIO()
+    Image.new("RGB", (6, 4), (250, 0, 0)).save(buffer, format=fmt, quality=100)
+    image = decode_image(buffer.getvalue())
+    assert image.shape == (4, 6, 3) and image[0, 0, 0] > 200
+
+
+@pytest.mark.parametrize("fmt", ["BMP", "GIF", "TIFF", "ICO", "PPM", "TGA"])
+def test_decode_refuses_formats_pillow_reads_but_the_api_does_not_take(fmt):
+    buffer = io.BytesIO()
+    Image.new("RGB", (6, 4), (250, 0, 0)).save(buffer, format=fmt)
+    Image.open(io.BytesIO(buffer.getvalue())).load()  # a valid image Pillow could decode
+    with pytest.raises(InvalidParam, match="not a PNG, JPEG or WebP") as error:
+        decode_image(buffer.getvalue())
+    assert error.value.param == "input_reference"
+
+
 def test_decode_rejects_huge_images():
     buffer = io.BytesIO()
     Image.new("L", (5000, 4000)).save(buffer, format="PNG")

@@ -1,5 +1,5 @@
 """The family scaffold's promises: every family is registered with its spec (and, for the DiT
-families, a bench entry), specs validate into their frozen params Struct, geometry is torch-free
+and text families, a bench entry), specs validate into their frozen params Struct, geometry is torch-free
 and the one source of tokens and labels, nothing in mstar/ branches on a family's name, and no
 file of mstar/ passes 400 lines."""
 
@@ -10,13 +10,17 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from mstar.config import ServerConfig
+from mstar.errors import InvalidParam
 from mstar.graph import COND, UNCOND, GenerationParams
-from mstar.models.bench_entry import DitBenchEntry
-from mstar.models.registry import MODELS, bench_entries, get_model_spec
-from mstar.params import RequestParams
+from mstar.models.bench_entry import DitBenchEntry, TextBenchEntry
+from mstar.models.registry import MODELS, bench_entries, bench_entry, get_model_spec
+from mstar.params import RequestParams, decode_params, encode_params
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_FILE_LINES = 400
+IMAGE_AND_VIDEO = sorted(name for name in MODELS if get_model_spec(name).output_kind != "text")
+TEXT = sorted(name for name in MODELS if get_model_spec(name).output_kind == "text")
 
 
 def test_no_family_branches_and_no_long_files_in_mstar():
@@ -29,6 +33,12 @@ def test_no_family_branches_and_no_long_files_in_mstar():
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_spec_names_a_params_struct(name):
+    spec = get_model_spec(name)
+    assert issubclass(spec.params_type, RequestParams) and spec.params_type.__struct_config__.frozen
+
+
+@pytest.mark.parametrize("name", IMAGE_AND_VIDEO)
 def test_each_spec_validates_into_its_frozen_params_struct(name):
     spec = get_model_spec(name)
     params = spec.validate(GenerationParams(prompt="a fox", seed=3))
@@ -39,7 +49,19 @@ def test_each_spec_validates_into_its_frozen_params_struct(name):
     assert spec.output_kind in ("image", "video", "video+audio", "text")
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", TEXT)
+def test_text_specs_refuse_image_fields_and_carry_their_params_struct(name):
+    spec = get_model_spec(name)
+    with pytest.raises(InvalidParam) as refused:
+        spec.validate(GenerationParams(prompt="a fox", seed=3))
+    assert refused.value.param == "model"
+    (warmup,) = spec.warmup_requests(ServerConfig(model=name, random_weights=True))
+    assert type(warmup) is spec.params_type
+    assert decode_params(encode_params(warmup), spec.params_type) == warmup  # as RunWalk carries it
+    assert isinstance(bench_entry(name), TextBenchEntry)
+
+
+@pytest.mark.parametrize("name", IMAGE_AND_VIDEO)
 def test_the_spec_and_its_geometry_count_the_same_step_tokens(name):
     spec = get_model_spec(name)
     for guidance, labels in ((0.0, (COND,)), (5.0, (COND, UNCOND))):
@@ -54,7 +76,7 @@ def test_geometry_and_specs_import_without_torch():
         "from mstar.models.registry import MODELS, get_model_spec\n"
         "[get_model_spec(name) for name in MODELS]\n"
         "import mstar.models.wan22.geometry, mstar.models.zimage.geometry, mstar.models.tiny_digits.geometry\n"
-        "import mstar.models.wan22.bench, mstar.models.zimage.bench\n"
+        "import mstar.models.wan22.bench, mstar.models.zimage.bench, mstar.models.qwen3.bench\n"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(
@@ -65,7 +87,8 @@ def test_geometry_and_specs_import_without_torch():
 
 def test_bench_entries_come_from_the_registry_with_unique_workload_names():
     entries = bench_entries()
-    assert [entry.family for entry in entries] == ["wan", "zimage"]
-    assert all(isinstance(entry, DitBenchEntry) for entry in entries)
+    assert [entry.family for entry in entries] == ["wan", "zimage", "qwen3"]
+    assert [isinstance(entry, DitBenchEntry) for entry in entries] == [True, True, False]
+    assert isinstance(entries[2], TextBenchEntry)
     names = [w.name for entry in entries for w in (*entry.step_workloads, *entry.e2e_workloads)]
     assert len(names) == len(set(names))

@@ -21,6 +21,7 @@ from tests.runtime.fake_models import FakeParams, FakeSpec
 class RecordingPool:
     all_up = True
     peers_settled = True
+    any_stalled = False
 
     def __init__(self):
         self.sent: list[tuple[int, m.Message]] = []

@@ -8,7 +8,6 @@ import pytest
 
 from mstar.config import NodeGroup
 from mstar.errors import Overloaded, RequestFailed
-from mstar.runtime import pool as pool_module
 from mstar.runtime.events import Failed
 from mstar.runtime.runtime import Runtime
 from tests.runtime.fake_models import BrokenBootSpec, FakeParams, FakeSpec, expected_frame_value
@@ -48,9 +47,9 @@ def test_killed_worker_fails_its_requests_and_is_restarted(loop):
         run(loop, runtime.shutdown(timeout_s=1.0))
 
 
-def test_frozen_worker_is_detected_by_missing_heartbeats(loop, monkeypatch):
-    monkeypatch.setattr(pool_module, "HEARTBEAT_TIMEOUT_S", 2.0)
-    runtime = Runtime(make_config(node_groups=[]), FakeSpec())
+def test_frozen_worker_is_killed_after_the_heartbeat_timeout(loop):
+    config = make_config(node_groups=[], heartbeat_interval_s=0.25, heartbeat_timeout_s=2.0)
+    runtime = Runtime(config, FakeSpec())
     run(loop, runtime.start())
     try:
         events = runtime.submit(LONG).events()
@@ -60,11 +59,32 @@ def test_frozen_worker_is_detected_by_missing_heartbeats(loop, monkeypatch):
         event = run(loop, final_event(events), timeout_s=10.0)
         assert isinstance(event, Failed) and event.kind == "worker_died"
         assert not _process_exists(frozen_pid)
-        monkeypatch.setattr(pool_module, "HEARTBEAT_TIMEOUT_S", 30.0)
         run(loop, wait_for(lambda: runtime.ready, timeout_s=20.0))
         outputs = run(loop, runtime.submit(FakeParams(seed=2, steps=2)).result())
         assert int(outputs["frames"][0, 0, 0, 0]) == expected_frame_value(2, 2)
     finally:
+        run(loop, runtime.shutdown(timeout_s=1.0))
+
+
+def test_stalled_worker_is_not_ready_holds_admission_and_recovers(loop):
+    config = make_config(node_groups=[], heartbeat_interval_s=0.2, heartbeat_timeout_s=120.0)
+    runtime = Runtime(config, FakeSpec())
+    run(loop, runtime.start())
+    frozen_pid = runtime.worker_pids()[0]
+    try:
+        running = runtime.submit(FakeParams(seed=3, steps=30, step_sleep_s=0.02))
+        run(loop, until_progress(running.events(), 1))
+        os.kill(frozen_pid, signal.SIGSTOP)
+        run(loop, wait_for(lambda: not runtime.ready, timeout_s=20.0))  # two beats missed
+        waiting = runtime.submit(FakeParams(seed=4, steps=2))
+        assert runtime.stats().num_waiting == 1, "a request went to a stalled worker"
+        os.kill(frozen_pid, signal.SIGCONT)
+        run(loop, wait_for(lambda: runtime.ready, timeout_s=20.0))
+        assert runtime.worker_pids()[0] == frozen_pid  # resumed, not restarted
+        assert int(run(loop, running.result())["frames"][0, 0, 0, 0]) == expected_frame_value(3, 30)
+        assert int(run(loop, waiting.result())["frames"][0, 0, 0, 0]) == expected_frame_value(4, 2)
+    finally:
+        os.kill(frozen_pid, signal.SIGCONT)
         run(loop, runtime.shutdown(timeout_s=1.0))
 
 
@@ -111,7 +131,7 @@ def test_shutdown_fails_in_flight_requests_and_leaves_nothing(loop):
     run(loop, runtime.shutdown(timeout_s=0.2))
     with pytest.raises(RequestFailed) as failure:
         run(loop, handle.result())
-    assert failure.value.kind == "aborted"
+    assert failure.value.kind == "shutdown"
     assert not runtime.ready
     assert not any(_process_exists(pid) for pid in pids)
     assert runtime._store.list_segments() == [] and not os.path.exists(run_dir)
@@ -122,3 +142,28 @@ def test_shutdown_fails_in_flight_requests_and_leaves_nothing(loop):
 def test_placement_errors_surface_before_any_process_starts():
     with pytest.raises(ValueError, match="decoder"):
         Runtime(make_config(node_groups=[NodeGroup(nodes=["encoder", "aux", "denoiser"])]), FakeSpec())
+
+
+def test_worker_whose_api_process_died_before_it_started_exits(tmp_path):
+    """The API process can die between spawning a worker and the worker's start (a SIGKILL during a
+    restart): the worker must not take its new parent (pid 1) for the API process and live on."""
+    import subprocess
+    import sys
+
+    import msgspec
+
+    from mstar.runtime import messages as m
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    config = make_config(node_groups=[], heartbeat_interval_s=0.2, heartbeat_timeout_s=5.0)
+    boot = m.WorkerBoot(
+        config.model_dump_json(), config.model, 0, 1, f"ipc://{tmp_path}/w.sock",
+        f"ipc://{tmp_path}/c.sock", str(tmp_path), "mstar-test-",
+    )  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "mstar.runtime.worker", "--worker", "0", "--parent-pid", str(gone.pid)],
+        stdin=subprocess.PIPE,
+    )
+    worker.communicate(msgspec.json.encode(boot), timeout=60)  # hang guard: it must leave by itself
+    assert worker.returncode == 1  # its orphan exit (not a usage error, 2)

@@ -23,19 +23,24 @@ class PlanWrapper:
         self.device = device
         self.captured = captured
         self.stager = IndexStager(device, captured=captured)
-        self.planned_layout: AttentionLayout | None = None
+        self.planned_layout: object | None = None
         self.num_kernel_plans = 0
 
     def plan(self, layout: AnyLayout) -> bool:
         """Make this wrapper ready to run `layout`; returns False when the last plan is reused."""
-        if isinstance(layout, AttentionLayout) and layout == self.planned_layout:
+        if self.is_host_layout(layout) and layout == self.planned_layout:
             return False
         self.planned_layout = None
         self._plan_kernel(layout)
         self.num_kernel_plans += 1
-        if isinstance(layout, AttentionLayout):
+        if self.is_host_layout(layout):
             self.planned_layout = layout
         return True
+
+    def is_host_layout(self, layout: object) -> bool:
+        """Layouts described on the host (comparable without a sync); subclasses over other layout
+        types (the KV pool's paged layouts) name theirs."""
+        return isinstance(layout, AttentionLayout)
 
     def forget(self) -> None:
         """The next plan of any layout does the work again (a dropped pre-plan)."""

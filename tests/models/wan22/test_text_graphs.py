@@ -1,5 +1,5 @@
-"""Wan's prompt encoder under CUDA graphs: UMT5 attends both ways, so a prompt padded to its length
-bucket must mask the padding out as keys. The masked layer loop gives transformers' states for the
+"""Wan's prompt encoder under CUDA graphs: UMT5 attends both ways, so a prompt padded to the
+pipeline's length must mask the padding out as keys. The masked layer loop gives transformers' states for the
 real tokens, padded or not (CPU), and the graphs replay them (CUDA, gpu tier)."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_masked_layers_give_transformers_states_padded_or_not():
 
 
 @torch.inference_mode()
-def test_every_prompt_runs_padded_to_its_bucket_with_the_padding_masked():
+def test_every_prompt_runs_padded_to_the_pipelines_length_with_the_padding_masked():
     encoder = _encoder()
     calls = []
     encoder.hidden.fn = lambda embeds, valid: (
@@ -59,7 +59,7 @@ def test_every_prompt_runs_padded_to_its_bucket_with_the_padding_masked():
     (embedding,) = encoder.encode(["a fox"])
     (valid,) = calls
     num_tokens = embedding.shape[0]
-    assert valid.shape == (1, encoder.hidden.bucket_for(num_tokens)) and valid.shape[1] > num_tokens
+    assert valid.shape == (1, encoder.max_text_tokens) and num_tokens < encoder.max_text_tokens
     assert valid[0, :num_tokens].all() and not valid[0, num_tokens:].any()
 
 

@@ -1,0 +1,91 @@
+"""CUDA graphs of decode steps, one per captured row count (1, 2, 4, ... up to max_num_seqs).
+
+A decode step of a small model is launch-bound: hundreds of small kernels per layer stack. Each
+graph replays the whole model forward and the lm_head for B decode rows at once. A step of n <= B
+decode rows is padded to B (padding rows write to and read the pool's scratch page, and their logits
+are dropped); FlashInfer's captured decode wrapper is planned on the host before each replay and
+copies the page table into buffers the graph reads. Prefill steps (and mixed ones) run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from mstar.engine.kv.attention import PagedAttention
+from mstar.engine.kv.layout import PagedLayout
+
+log = logging.getLogger("mstar.llm")
+NUM_WARMUP_RUNS = 2
+
+
+def default_graph_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every 16 up to 256, every 64 beyond: padding costs at most ~12%."""
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(320, 4097, 64))
+    return [size for size in sizes if size < max_num_seqs] + [max_num_seqs]
+
+
+class DecodeGraphs:
+    def __init__(self, model: torch.nn.Module, attention: PagedAttention, sizes: list[int]):
+        self.model = model
+        self.attention = attention
+        self.device = attention.device
+        self.sizes = sorted(set(sizes))
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def fits(self, layout: PagedLayout) -> bool:
+        return bool(self._graphs) and layout.num_prefill == 0 and layout.num_segments <= self.sizes[-1]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every size, largest first, in one memory pool (the graphs replay one at a time).
+        A capture that fails leaves no graph: steps run eagerly, and a warning says why."""
+        if self.device.type != "cuda":
+            return
+        try:
+            pool = torch.cuda.graph_pool_handle()
+            for size in sorted(self.sizes, reverse=True):
+                self._graphs[size] = self._capture(size, pool)
+        except Exception as error:
+            self._graphs.clear()
+            log.warning(
+                "decode CUDA graph capture failed, decoding eagerly: %s: %s", type(error).__name__, error
+            )
+            return
+        log.info("captured %d decode CUDA graphs (rows %s)", len(self._graphs), self.sizes)
+
+    def _capture(
+        self, size: int, pool
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]:
+        input_ids = torch.zeros(size, dtype=torch.int64, device=self.device)
+        positions = torch.zeros(size, dtype=torch.int64, device=self.device)
+        scratch = self.attention.pool.scratch_page
+        layout = PagedLayout.build(
+            [1] * size, [1] * size, [[scratch]] * size, self.attention.pool.page_tokens
+        )
+        self.attention.plan(layout, graph_rows=size)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(NUM_WARMUP_RUNS):
+                self.model.logits(self.model(input_ids, positions, self.attention))
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            logits = self.model.logits(self.model(input_ids, positions, self.attention))
+        return graph, input_ids, positions, logits
+
+    def run(self, layout: PagedLayout, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Replay the smallest graph that holds the step; float32 logits [size, V] (the first
+        layout.num_segments rows are the step's; the rest are padding). Inputs are on the device."""
+        size = next(s for s in self.sizes if s >= layout.num_segments)
+        graph, static_ids, static_positions, logits = self._graphs[size]
+        self.attention.plan(layout, graph_rows=size)
+        count = layout.num_segments
+        static_ids[:count].copy_(input_ids)
+        static_positions[:count].copy_(positions)
+        static_ids[count:].zero_()
+        static_positions[count:].zero_()
+        graph.replay()
+        return logits

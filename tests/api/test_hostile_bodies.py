@@ -1,0 +1,52 @@
+"""Bodies built to break the JSON parser (deep nesting, numbers past Python's 4300-digit limit)
+get 400 invalid_json on every POST route, never a 500."""
+
+from __future__ import annotations
+
+import pytest
+
+from mstar.api.json_body import MAX_JSON_DEPTH, nesting_depth_exceeds, parse_json_object
+from tests.api.conftest import build_client
+from tests.api.fakes import FakeImageSpec, FakeVideoSpec
+
+HUGE_INT = b"9" * 5000  # past Python's int-from-string limit of 4300 digits
+HOSTILE_BODIES = {
+    "deep-arrays": b"[" * 100_000 + b"]" * 100_000,
+    "deep-objects": b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+    "deep-in-a-field": b'{"prompt": "x", "seed": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
+    "huge-int-seed": b'{"prompt": "x", "seed": ' + HUGE_INT + b"}",
+    "huge-int-unknown-field": b'{"prompt": "x", "xyz": -' + HUGE_INT + b"}",
+    "huge-float": b'{"prompt": "x", "guidance_scale": 1.' + HUGE_INT + b"}",
+}
+ROUTES = [("image", "/v1/images/generations"), ("image", "/generate"), ("video", "/v1/videos")]
+
+
+@pytest.fixture(scope="module")
+def clients():
+    image_client, image_runtime = build_client(FakeImageSpec())
+    video_client, video_runtime = build_client(FakeVideoSpec())
+    with image_client, video_client:
+        yield {"image": (image_client, image_runtime), "video": (video_client, video_runtime)}
+
+
+@pytest.mark.parametrize(("kind", "path"), ROUTES, ids=[path for _, path in ROUTES])
+@pytest.mark.parametrize("name", list(HOSTILE_BODIES))
+def test_hostile_json_is_400_invalid_json(clients, kind, path, name):
+    client, runtime = clients[kind]
+    num_submitted = len(runtime.submitted)
+    response = client.post(path, content=HOSTILE_BODIES[name], headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["code"] == "invalid_json"
+    assert len(runtime.submitted) == num_submitted
+    valid = {"prompt": "a 7", "num_inference_steps": 1}
+    assert client.post(path, json=valid).status_code == 200
+
+
+def test_nesting_up_to_the_bound_parses_and_brackets_in_strings_are_text():
+    nested = b'{"a": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}"
+    assert parse_json_object(nested)["a"] is not None
+    assert not nesting_depth_exceeds(b'{"p": "' + b"[{" * 1000 + b'\\" ["}', MAX_JSON_DEPTH)
+    assert nesting_depth_exceeds(b'{"p": "\\"", "q": ' + b"[" * 40 + b"]" * 40 + b"}", MAX_JSON_DEPTH)
+    big_but_shallow = b'{"p": [' + b"[1]," * 100_000 + b"[2]]}"
+    assert len(parse_json_object(big_but_shallow)["p"]) == 100_001
+    assert parse_json_object(b'{"seed": -9223372036854775808, "g": 3.141592653589793e-10}')["seed"] < 0

@@ -1,0 +1,158 @@
+"""Our packed LTX-2 DiT against diffusers' LTX2VideoTransformer3DModel (tiny configs, fp32, CPU):
+both streams, every guidance label, and many items of different sizes and durations in one forward
+equal to each item alone."""
+
+import pytest
+import torch
+
+from mstar.engine.attention import build_attention
+from mstar.models.ltx2.dit import DiTInput, LTX2DiT
+from mstar.models.ltx2.presets import TINY
+from tests.models.ltx2.reference import diffusers_forward, snr_db
+from tests.models.ltx2.tiny_parts import TINY_DIT_23, TINY_DIT_25, tiny_transformer
+
+pytest.importorskip("diffusers")
+
+MIN_SNR_DB = 60.0
+PERTURBED_BLOCKS = (1,)
+
+
+@pytest.fixture(scope="module", params=["ltx2", "ltx2.3", "ltx2.5"])
+def models(request):
+    config = {"ltx2": TINY.dit, "ltx2.3": TINY_DIT_23, "ltx2.5": TINY_DIT_25}[request.param]
+    theirs = tiny_transformer(config)
+    ours = LTX2DiT(config).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=True)  # diffusers' keys
+    return ours, theirs
+
+
+def _item(seed, frames, height, width, audio_frames, timestep, text_len=6, **kwargs) -> DiTInput:
+    c = TINY.dit
+    generator = torch.Generator().manual_seed(seed)
+    text_dim = c.caption_channels if c.use_prompt_embeddings else None
+    video = torch.randn(c.in_channels, frames, height, width, generator=generator)
+    audio = torch.randn(2, audio_frames, c.audio_in_channels // 2, generator=generator)
+    video_text = torch.randn(text_len, text_dim or c.cross_attention_dim, generator=generator)
+    audio_text = torch.randn(text_len, text_dim or c.audio_cross_attention_dim, generator=generator)
+    return DiTInput(video, audio, timestep, video_text, audio_text, **kwargs)
+
+
+def _for(model: LTX2DiT, item: DiTInput) -> DiTInput:
+    """The item with text of the width this model's blocks read (no caption projection in 2.3)."""
+    c = model.config
+    if c.use_prompt_embeddings:
+        return item
+    generator = torch.Generator().manual_seed(int(item.timestep))
+    tokens = item.video_text.shape[0]
+    item.video_text = torch.randn(tokens, c.cross_attention_dim, generator=generator)
+    item.audio_text = torch.randn(tokens, c.audio_cross_attention_dim, generator=generator)
+    return item
+
+
+def _ours(model, items, perturbed_blocks=PERTURBED_BLOCKS):
+    with torch.no_grad():
+        return model(items, build_attention("torch", "cpu", torch.float32), perturbed_blocks)
+
+
+def _check(out, reference):
+    video, audio = out
+    ref_video, ref_audio = reference
+    assert video.shape == ref_video.shape and audio.shape == ref_audio.shape
+    assert snr_db(video, ref_video) >= MIN_SNR_DB
+    assert snr_db(audio, ref_audio) >= MIN_SNR_DB
+
+
+def test_one_item_matches_diffusers_on_both_streams(models):
+    ours, theirs = models
+    item = _for(ours, _item(1, 3, 4, 6, 7, 700.0, frame_rate=8.0))
+    (out,) = _ours(ours, [item])
+    _check(out, diffusers_forward(theirs, item))
+
+
+@pytest.mark.parametrize("use_cross_timestep", [True, False])
+def test_image_to_video_clean_first_frame_matches_per_token_timesteps(models, use_cross_timestep):
+    ours, theirs = models
+    item = _for(ours, _item(2, 3, 4, 4, 5, 600.0, num_clean_frames=1, use_cross_timestep=use_cross_timestep))
+    (out,) = _ours(ours, [item])
+    _check(out, diffusers_forward(theirs, item))
+    (no_mask,) = _ours(ours, [_for(ours, _item(2, 3, 4, 4, 5, 600.0, use_cross_timestep=use_cross_timestep))])
+    assert snr_db(no_mask[0], out[0]) < 40  # the clean frame's timestep changes the output
+
+
+def test_isolated_and_perturbed_labels_match_diffusers(models):
+    ours, theirs = models
+    isolated = _for(ours, _item(3, 2, 4, 4, 6, 300.0, isolated=True))
+    (out,) = _ours(ours, [isolated])
+    _check(out, diffusers_forward(theirs, isolated))
+    perturbed = _for(ours, _item(4, 2, 4, 4, 6, 300.0, perturbed=True))
+    (out,) = _ours(ours, [perturbed])
+    _check(out, diffusers_forward(theirs, perturbed, PERTURBED_BLOCKS))
+
+
+def test_many_items_packed_equal_each_alone(models):
+    """Requests of different sizes, durations, timesteps, frame rates and labels in one forward."""
+    ours, theirs = models
+    items = [
+        _for(ours, _item(10, 3, 4, 6, 7, 900.0, frame_rate=8.0)),
+        _for(ours, _item(11, 2, 8, 4, 3, 450.0, text_len=4, isolated=True)),
+        _for(ours, _item(12, 3, 4, 4, 9, 120.0, num_clean_frames=1, frame_rate=12.0)),
+        _for(ours, _item(13, 1, 4, 4, 2, 30.0, perturbed=True)),
+        _for(ours, _item(14, 2, 4, 8, 5, 450.0, text_len=8)),
+    ]
+    packed = _ours(ours, items)
+    for out, item in zip(packed, items, strict=True):
+        (alone,) = _ours(ours, [item])
+        assert snr_db(out[0], alone[0]) >= MIN_SNR_DB and snr_db(out[1], alone[1]) >= MIN_SNR_DB
+        _check(out, diffusers_forward(theirs, item, PERTURBED_BLOCKS))
+
+
+def test_packed_is_byte_identical_to_alone_in_fp32():
+    """Packing changes no arithmetic an item sees: fp32 outputs are equal, not just close.
+
+    CPU BLAS computes a partial block of rows (and a thread's share) with other kernels, so every
+    segment here is 672 rows (a multiple of every row block we know of) and BLAS runs on one
+    thread; the other tests check packed against alone at any sizes (>= 60 dB)."""
+    theirs = tiny_transformer(TINY.dit)
+    ours = LTX2DiT(TINY.dit).eval()
+    ours.load_state_dict(theirs.state_dict())
+    rows = 672
+    items = [
+        _item(20, 7, 8, 12, rows, 800.0, text_len=rows),
+        _item(21, 7, 12, 8, rows, 200.0, text_len=rows, isolated=True),
+        _item(22, 7, 8, 12, rows, 50.0, text_len=rows, num_clean_frames=1),
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        packed = _ours(ours, items)
+        alone = [_ours(ours, [item])[0] for item in items]
+    finally:
+        torch.set_num_threads(threads)
+    for out, single in zip(packed, alone, strict=True):
+        assert torch.equal(out[0], single[0]) and torch.equal(out[1], single[1])
+
+
+def test_audio_video_cross_attention_links_the_streams():
+    theirs = tiny_transformer(TINY.dit)
+    ours = LTX2DiT(TINY.dit).eval()
+    ours.load_state_dict(theirs.state_dict())
+    item = _item(30, 2, 4, 4, 5, 500.0)
+    other_audio = _item(31, 2, 4, 4, 5, 500.0)
+    changed = DiTInput(item.video_latents, other_audio.audio_latents, 500.0, item.video_text, item.audio_text)
+    (base,), (moved,) = _ours(ours, [item]), _ours(ours, [changed])
+    assert snr_db(moved[0], base[0]) < 60  # the video hears the audio
+    (isolated,) = _ours(ours, [DiTInput(**{**item.__dict__, "isolated": True})])
+    (isolated_moved,) = _ours(ours, [DiTInput(**{**changed.__dict__, "isolated": True})])
+    assert torch.equal(isolated[0], isolated_moved[0])  # isolated, it does not
+
+
+def test_bad_latents_are_rejected():
+    ours = LTX2DiT(TINY.dit).eval()
+    bad = _item(40, 2, 4, 4, 5, 1.0)
+    bad.video_latents = torch.zeros(3, 1, 4, 4)
+    with pytest.raises(ValueError, match="video_latents"):
+        _ours(ours, [bad])
+    bad = _item(41, 2, 4, 4, 5, 1.0)
+    bad.audio_latents = torch.zeros(3, 5, 4)
+    with pytest.raises(ValueError, match="audio_latents"):
+        _ours(ours, [bad])

@@ -1,0 +1,88 @@
+"""Qwen3 at real sizes on the GPU (random weights, bf16): our model over the KV pool (chunked prefill,
+then decode steps, the backend `auto` picks) against transformers' Qwen3ForCausalLM on the whole
+sequence, same weights (the reference in float32, so the error measured is ours alone): logits
+within 1e-2 relative error. transformers' own bf16 error is printed beside ours, for scale."""
+
+import pytest
+import torch
+
+from mstar.engine.kv.attention import PagedHeads
+from mstar.engine.kv.build import build_paged_attention
+from mstar.engine.kv.layout import PagedLayout
+from mstar.engine.kv.pool import KVGeometry, KVPool
+from mstar.models.qwen3.config import QWEN3_CONFIGS
+from mstar.models.qwen3.nodes import load_qwen3
+
+pytestmark = pytest.mark.gpu
+PAGE = 16
+PROMPT, CHUNK, DECODES = 300, 128, 4
+
+
+def transformers_twin(config):
+    pytest.importorskip("transformers")
+    from mstar.models.qwen3.bench import Qwen3Bench
+
+    return Qwen3Bench().reference_model(config, "cuda", seed=0, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-8b"])
+@torch.inference_mode()
+def test_logits_match_transformers(name):
+    config = QWEN3_CONFIGS[name]
+    model = load_qwen3(config, "cuda", torch.bfloat16, seed=0)
+    tokens = torch.randint(
+        0, config.vocab_size, (PROMPT + DECODES,), generator=torch.Generator().manual_seed(0)
+    )
+    pool = KVPool(
+        KVGeometry(
+            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, torch.bfloat16, PAGE
+        ),
+        64,
+        "cuda",
+    )
+    heads = PagedHeads(
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        torch.bfloat16,
+        PAGE,
+        config.head_dim**-0.5,
+    )
+    attention = build_paged_attention(pool, heads, "auto")
+    pages = list(range(-(-(PROMPT + DECODES) // PAGE)))
+    ours = []
+    done = 0
+    while done < PROMPT + DECODES:
+        count = min(CHUNK, PROMPT - done) if done < PROMPT else 1
+        layout = PagedLayout.build([count], [done + count], [pages[: -(-(done + count) // PAGE)]], PAGE)
+        attention.plan(layout)
+        hidden = model(
+            tokens[done : done + count].cuda(),
+            torch.from_numpy(layout.new_positions.copy()).cuda(),
+            attention,
+        )
+        if done + count >= PROMPT:
+            ours.append(model.logits(hidden[-1:]))
+        done += count
+    del model  # room for the twin at 8B
+    ours_logits = torch.cat(ours)  # positions PROMPT - 1 .. PROMPT + DECODES - 1
+    hf = transformers_twin(config)
+    expected = hf(tokens[None].cuda()).logits[0, PROMPT - 1 :].float()
+    del hf
+    from mstar.models.qwen3.bench import Qwen3Bench
+
+    hf_bf16 = Qwen3Bench().reference_model(
+        config, "cuda", 0, torch.bfloat16
+    )  # for scale: transformers' own bf16 error
+    theirs = hf_bf16(tokens[None].cuda()).logits[0, PROMPT - 1 :].float()
+    errors = [relative_error(ours_logits[row], expected[row]) for row in range(DECODES + 1)]
+    theirs_errors = [relative_error(theirs[row], expected[row]) for row in range(DECODES + 1)]
+    print(f"{name}: logits relative error against fp32 transformers, ours {max(errors):.3g}, "
+          f"transformers bf16 {max(theirs_errors):.3g} ({attention.backend_name})")  # fmt: skip
+    for row, error in enumerate(errors):  # the prompt's last position, then each decode step
+        assert error <= 1e-2, f"{name}: position {PROMPT - 1 + row}: relative error {error:.3g}"
+    assert attention.backend_name in ("flashinfer", "fa3", "torch")
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.float() - expected).norm() / expected.norm())
