@@ -4,9 +4,8 @@
 # (< 10 min), run from the project root; results go to $OUT/bench/<phase>.json and .md.
 #
 # Prepare locally once (FlashInfer + apache-tvm-ffi and the server's pure-Python deps, unpacked and
-# xz-compressed so they fit the 64 MiB carry):
-#   ../shared/tools/device-wheels.sh flashinfer $(bash bench/h200.sh server-deps)
-#   bash bench/h200.sh pack .whl && rm -rf .whl
+# xz-compressed into .whl_pack/ so they fit a 64 MiB upload):
+#   bash bench/h200.sh wheels llm
 # Device calls, in this order on one warm machine (carry .whl_pack each time; the first builds
 # FlashInfer's kernels, 25-95 s, into /tmp/mstar-cache/flashinfer, which later calls reuse):
 #   bash bench/h200_llm.sh llm-test     the gpu-marked KV/attention and Qwen3 parity tests   ~4 min

@@ -49,31 +49,33 @@ class ProgressBars:
 
 
 def _add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    from mstar.config import ServerConfig
+    from mstar.config_flags import add_config_flags
+
     parser.add_argument("--config", metavar="FILE.yaml", help="server config (flags override its keys)")
-    parser.add_argument("--model-path", help="checkpoint folder in the diffusers layout")
-    parser.add_argument(
-        "--random-weights", action="store_true", default=None, help="seeded random weights (benchmarks)"
-    )
-    parser.add_argument("--device", help="cpu, cuda or cuda:N")
-    parser.add_argument("--attention-backend", choices=["auto", "fa3", "flashinfer", "torch"])
-    parser.add_argument("--compile-mode", choices=["deterministic", "default", "max-autotune", "off"])
+    add_config_flags(parser, ServerConfig)
+
+
+def _model_help() -> str:
+    from mstar.models.registry import DEFAULT_MODEL, model_names
+
+    return f"model name, one of {', '.join(model_names())} (default: the config's, else {DEFAULT_MODEL})"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mstar import __version__
+
     parser = argparse.ArgumentParser(prog="mstar", description="Serve composite generative models.")
+    parser.add_argument("--version", action="version", version=f"mstar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="start the HTTP server")
-    serve.add_argument("model", nargs="?", help="model name (default: the config's, else tiny-digits)")
+    serve = commands.add_parser("serve", help="start the HTTP server (Ctrl-C or SIGTERM stops it)")
+    serve.add_argument("model_name", nargs="?", metavar="MODEL", help=_model_help())
     _add_runtime_flags(serve)
-    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8000; 0 picks a free one)")
-    serve.add_argument("--api-key", help=f"guard /v1 and /generate (or set {API_KEY_ENV})")
     serve.set_defaults(handler=serve_command)
 
     generate = commands.add_parser("generate", help="run one job without an HTTP server")
-    generate.add_argument("model", help="model name")
-    _add_runtime_flags(generate)
+    generate.add_argument("model_name", metavar="MODEL", help=_model_help())
     generate.add_argument("--prompt", required=True)
     generate.add_argument(
         "-o", "--output", required=True, help="out.png|.jpg|.webp for images, out.mp4 for videos"
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--guidance-scale", type=float)
     generate.add_argument("--seed", type=int)
     generate.add_argument("--image", help="reference image for image-to-video")
+    _add_runtime_flags(generate)
     generate.set_defaults(handler=generate_command)
 
     commands.add_parser("bench", help="serving benchmarks (see `mstar bench --help`)", add_help=False)
@@ -94,23 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_server_config(args: argparse.Namespace) -> Any:
+    """The YAML (--config), then the config flags given, then the positional model name."""
     from mstar.config import load_config
+    from mstar.config_flags import config_overrides
 
-    overrides = {
-        "model": args.model,
-        "model_path": args.model_path,
-        "random_weights": args.random_weights,
-        "device": args.device,
-        "attention_backend": args.attention_backend,
-        "compile_mode": args.compile_mode,
-    }
+    overrides = config_overrides(args)
+    if args.model_name is not None:
+        overrides["model"] = args.model_name
     if args.command == "serve":
-        if args.api_key:
+        if overrides.get("api_key"):
             print(
                 f"mstar: warning: --api-key shows in the process list; set {API_KEY_ENV} instead",
                 file=sys.stderr,
             )
-        overrides.update(host=args.host, port=args.port, api_key=args.api_key or os.environ.get(API_KEY_ENV))
+        else:
+            overrides["api_key"] = os.environ.get(API_KEY_ENV)
     return load_config(args.config, **overrides)
 
 
@@ -199,13 +200,13 @@ def configure_main_logging() -> None:
     """Show the runtime's INFO lines (boot timings, warmup progress) on stderr, formatted like the
     workers' lines. Only the "mstar" loggers: the root logger and uvicorn keep their own levels."""
     logger = logging.getLogger("mstar")
+    logger.setLevel(os.environ.get("MSTAR_LOG_LEVEL", "INFO"))
     if any(handler.get_name() == MAIN_LOG_HANDLER for handler in logger.handlers):
         return  # a second serve in the same process must not print every line twice
     handler = _CurrentStderrHandler()
     handler.set_name(MAIN_LOG_HANDLER)
     handler.setFormatter(logging.Formatter("%(asctime)s main %(levelname)s %(name)s: %(message)s"))
     logger.addHandler(handler)
-    logger.setLevel(os.environ.get("MSTAR_LOG_LEVEL", "INFO"))
 
 
 def serve_command(args: argparse.Namespace) -> int:

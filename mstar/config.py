@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
@@ -24,6 +24,7 @@ class CompileSize(BaseModel):
     """One `compile_sizes` entry, written 'WxH' or 'WxHxFRAMES' in the YAML and parsed here once."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    written_as_text: ClassVar[bool] = True  # a flag takes it as the YAML does: --compile-sizes 832x480
     width: int = Field(gt=0)
     height: int = Field(gt=0)
     num_frames: int | None = Field(None, gt=0)
@@ -61,102 +62,184 @@ class NodeGroup(BaseModel):
 
 
 class ServerConfig(BaseModel):
+    """Every key of the YAML config; each is also a `mstar serve` flag (--some-key), generated from
+    this schema with the description as its help (mstar/config_flags.py)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "tiny-digits"
-    model_path: str | None = None
-    random_weights: bool = False
-    device: str = "cpu"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    model: str = Field(
+        "tiny-digits", description="model name, or 'package.module:SpecClass' (an importable ModelSpec)"
+    )
+    model_path: str | None = Field(None, description="checkpoint folder in the diffusers layout")
+    random_weights: bool = Field(False, description="seeded random weights of the real shapes (benchmarks)")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights' dtype; auto: bfloat16 on a GPU, float32 on the CPU"
+    )
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    api_key: str | None = None
-    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
-    # Host names the Host header may carry besides the loopback ones and public_url's (requests with
-    # others get a 400: DNS rebinding). "*" accepts any; with none, a server bound to loopback accepts
-    # only loopback names and one bound elsewhere accepts any. Origin headers of state-changing
-    # requests must match the Host header or name one of these (else 403: cross-site requests).
-    allowed_hosts: list[str] = []
-    # Where clients reach the server ("https://api.example.com"): the base of response_format=url
-    # media links. None: the address the request came in on (never the client's Host header).
-    public_url: str | None = None
-    # Connections, as a front-facing server bounds them (mstar/api/connections.py): at most
-    # max_connections open (more are answered 503 and closed; under the usual 1024-descriptor limit,
-    # with room for the runtime's sockets and files); closed after idle_timeout_s without a request
-    # (before the first one and between requests); 408 and closed when the headers take over
-    # header_timeout_s from the request's first byte, or the body over body_timeout_s after them.
-    max_connections: int = Field(512, ge=1)
-    idle_timeout_s: float = Field(5.0, gt=0)
-    header_timeout_s: float = Field(10.0, gt=0)
-    body_timeout_s: float = Field(60.0, gt=0)
-    # SIGTERM or SIGINT: the server stops accepting, requests in flight get this long to finish (then
-    # a 503), the workers are stopped and the process exits 0 (uvicorn's timeout_graceful_shutdown).
-    shutdown_grace_s: float = Field(30.0, ge=0)
+    host: str = Field("127.0.0.1", description="bind address")
+    port: int = Field(8000, ge=0, le=65535, description="port; 0 picks a free one")
+    api_key: str | None = Field(
+        None,
+        description="guards /v1 and /generate (prefer the MSTAR_API_KEY environment variable: a flag shows in the process list)",
+    )
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest request body (413 above)")
+    allowed_hosts: list[str] = Field(
+        [],
+        description="Host names the Host header may carry besides the loopback ones and public_url's "
+        "(others: 400, against DNS rebinding); '*' accepts any; with none, a server bound to loopback "
+        "accepts only loopback names and one bound elsewhere any. Origin headers of state-changing "
+        "requests must match the Host header or name one of these (else 403)",
+    )
+    public_url: str | None = Field(
+        None,
+        description="where clients reach the server ('https://api.example.com'): the base of "
+        "response_format=url links; unset: the address the request came in on (never the Host header)",
+    )
+    max_connections: int = Field(
+        512, ge=1, description="connections open at most (more are answered 503 and closed)"
+    )
+    idle_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="a connection without a request this long is closed (before the first and between)",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="408 and closed when a request's headers take longer from its first byte"
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="408 and closed when the body takes longer after them"
+    )
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="on SIGTERM or SIGINT: how long requests in flight get to finish (then a 503) before "
+        "the workers stop and the process exits 0",
+    )
 
-    # Placement: empty means one worker holding every node on `device`.
-    node_groups: list[NodeGroup] = []
-    transport: Literal["ipc", "tcp"] = "ipc"
+    node_groups: list[NodeGroup] = Field(
+        [],
+        description="placement: worker processes, each [{device, nodes}] (JSON on the command line); "
+        "empty: one worker holding every node on `device`",
+    )
+    transport: Literal["ipc", "tcp"] = Field(
+        "ipc", description="how processes talk: ipc sockets or loopback TCP"
+    )
 
-    max_concurrent_requests: int = Field(16, ge=1)
-    max_queue_size: int = Field(64, ge=0)
-    request_timeout_s: float = Field(1800.0, gt=0)
-    job_ttl_s: float = Field(3600.0, gt=0)
-    worker_restart: bool = True
-    # Workers heartbeat every heartbeat_interval_s. One that missed two is stalled (SIGSTOPped, hung
-    # in native code): /ready turns 503 and new requests get 503 with Retry-After until it beats
-    # again; one silent for heartbeat_timeout_s is killed (its requests fail) and restarted.
-    heartbeat_interval_s: float = Field(1.0, gt=0)
-    heartbeat_timeout_s: float = Field(30.0, gt=0)
+    max_concurrent_requests: int = Field(16, ge=1, description="requests running at once")
+    max_queue_size: int = Field(64, ge=0, description="requests waiting beyond those (429 above)")
+    request_timeout_s: float = Field(1800.0, gt=0, description="a request running longer fails (504)")
+    job_ttl_s: float = Field(3600.0, gt=0, description="how long a finished video job and its media stay")
+    worker_restart: bool = Field(True, description="restart a worker process that died")
+    heartbeat_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="workers heartbeat this often; one that missed two is stalled (/ready 503, new requests 503)",
+    )
+    heartbeat_timeout_s: float = Field(
+        30.0, gt=0, description="a worker silent this long is killed (its requests fail) and restarted"
+    )
 
-    attention_backend: Literal["auto", "fa3", "flashinfer", "torch"] = "auto"
-    flashinfer_backend: Literal["auto", "fa2", "fa3", "cudnn", "cutlass"] = "auto"
-    workspace_mb: int = Field(512, ge=1)
+    attention_backend: Literal["auto", "fa3", "flashinfer", "torch"] = Field(
+        "auto", description="auto: FA3 on Hopper, then FlashInfer, then PyTorch"
+    )
+    flashinfer_backend: Literal["auto", "fa2", "fa3", "cudnn", "cutlass"] = Field(
+        "auto", description="FlashInfer's own kernel family"
+    )
+    workspace_mb: int = Field(512, ge=1, description="attention workspace per device, allocated at boot")
 
-    compile_mode: Literal["deterministic", "default", "max-autotune", "off"] = "deterministic"
-    compile_sizes: list[CompileSize] = []
-    # where compiled kernels are kept across restarts (inductor's graph cache, Triton's binaries);
-    # None: torch's default under /tmp. A warm cache cut Wan's boot from 161 s to 48 s on the H200.
-    compile_cache_dir: str | None = None
-    # launch-bound parts replay CUDA graphs captured at warmup (Z-Image's prompt encoder); CUDA only
-    cuda_graphs: bool = True
-    warmup: bool = True
-    # DiT q/k/v (and Z-Image gate/up) projections concatenated into one GEMM each after loading;
-    # CUDA only (the CPU path stays the plain reference). False to A/B it or rule it out.
-    fuse_projections: bool = True
-    # hand-written Triton kernels where inductor's are slow (mstar/engine/kernels: the DiTs' q/k RMS
-    # norm + rotary, both DiTs' residual updates + next norms); CUDA with fuse_projections and Triton
-    # installed (without Triton: one warning, the PyTorch code). On the H200, served at c=1: Z-Image
-    # 1024x1024 88.6 against 91.5 ms a step, 512x512 23.3 against 24.5; Wan's 480p guidance pair
-    # 119.0 against 121.4 (q/k kernel only; 123.7 without any in the step profile). False to A/B.
-    triton_kernels: bool = True
-    max_tokens_per_step: int = Field(131072, ge=1)
-    max_batch_size: int = Field(8, ge=1)
-    # prompt embeddings kept on the text encoder's device for texts that come back (0: off)
-    prompt_cache_mb: int = Field(64, ge=0)
-    # the text encoder's weights stay in host memory and stream to the GPU block by block for each
-    # prompt: Wan's UMT5-XXL holds ~0.7 GiB on the GPU instead of ~8.6, and a prompt pays the
-    # weights' trip over PCIe (H200: 132 ms per prompt against 31 ms resident). Wan2.2 only (other
-    # models refuse it at boot; a text encoder placed on the CPU has nothing to offload).
-    offload_text_encoder: bool = False
-    # a clip's frames go from the VAE to the MP4 muxer chunk by chunk as they decode, so the encode
-    # overlaps the decode (False: the clip is muxed whole once decoded; to A/B)
-    stream_video_frames: bool = True
+    compile_mode: Literal["deterministic", "default", "max-autotune", "off"] = Field(
+        "deterministic",
+        description="torch.compile mode; deterministic: kernel choices by rule, so one seed gives one "
+        "output on every process",
+    )
+    compile_sizes: list[CompileSize] = Field(
+        [],
+        description="sizes compiled at warmup, 'WxH' or 'WxHxFRAMES' (the model's default size if none); "
+        "other sizes run at once uncompiled while theirs compiles in the background",
+    )
+    compile_cache_dir: str | None = Field(
+        None,
+        description="where compiled kernels are kept across restarts (torch's default under /tmp if "
+        "unset); a warm cache cut Wan's boot from 161 s to 48 s on an H200",
+    )
+    cuda_graphs: bool = Field(
+        True,
+        description="launch-bound parts replay CUDA graphs captured at warmup (Z-Image's prompt encoder)",
+    )
+    warmup: bool = Field(True, description="compile and run a request of each compile size before serving")
+    fuse_projections: bool = Field(
+        True,
+        description="DiT q/k/v (and Z-Image gate/up) projections as one GEMM each; CUDA only (the CPU "
+        "path stays the plain reference)",
+    )
+    triton_kernels: bool = Field(
+        True,
+        description="hand-written Triton kernels for the DiTs' q/k norm + rotary and residual updates "
+        "where inductor's are slower; CUDA with fuse_projections",
+    )
+    max_tokens_per_step: int = Field(131072, ge=1, description="most packed tokens in one denoise step")
+    max_batch_size: int = Field(8, ge=1, description="most requests in one step of a node")
+    prompt_cache_mb: int = Field(
+        64,
+        ge=0,
+        description="prompt embeddings kept on the text encoder's device for texts that come back (0: off)",
+    )
+    offload_text_encoder: bool = Field(
+        False,
+        description="keep the text encoder's weights in host memory and stream them per prompt (Wan2.2: "
+        "~0.7 GiB on the GPU instead of ~8.6, ~0.1 s more a request)",
+    )
+    stream_video_frames: bool = Field(
+        True, description="mux a clip's MP4 chunk by chunk as the VAE decodes it (off: whole clip at the end)"
+    )
 
-    # Text models (LLM serving): the paged KV pool, sized at boot from the memory left after the
-    # weights and the workspace (kv_pool_pages pages when set, else kv_cache_memory_fraction of it),
-    # and continuous batching (at most max_num_seqs sequences and max_num_batched_tokens tokens a
-    # step; max_model_len None: the model's context length). Decode steps replay CUDA graphs of
-    # up to max_num_seqs rows when cuda_graphs is on. FlashInfer builds its kernels at boot, under
+    # Text models (LLM serving): the paged KV pool is sized at boot from the memory left after the
+    # weights and the workspace; FlashInfer builds its kernels at boot, under
     # compile_cache_dir/flashinfer when that is set.
-    kv_page_tokens: int = Field(16, ge=1, le=1024)
-    kv_cache_memory_fraction: float = Field(0.85, gt=0, le=1)
-    kv_pool_pages: int | None = Field(None, ge=1)
-    kv_attention_backend: Literal["auto", "flashinfer", "fa3", "torch"] = "auto"
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = Field(128, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    max_model_len: int | None = Field(None, ge=2)
+    kv_page_tokens: int = Field(16, ge=1, le=1024, description="tokens in one page of the paged KV pool")
+    kv_cache_memory_fraction: float = Field(
+        0.85, gt=0, le=1, description="share of the memory left after weights and workspace the KV pool takes"
+    )
+    kv_pool_pages: int | None = Field(
+        None, ge=1, description="KV pool size in pages (overrides kv_cache_memory_fraction)"
+    )
+    kv_attention_backend: Literal["auto", "flashinfer", "fa3", "torch"] = Field(
+        "auto", description="paged attention kernels of text models (auto: flashinfer on CUDA, torch on CPU)"
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="reuse the KV pages of a shared prompt prefix across requests"
+    )
+    max_num_seqs: int = Field(
+        128, ge=1, description="most sequences in one text-model step (also the largest decode CUDA graph)"
+    )
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="most tokens in one text-model step (decode rows, then chunked prefill)"
+    )
+    max_model_len: int | None = Field(
+        None, ge=2, description="longest prompt plus output of a text model (default: its context length)"
+    )
+
+    # Per-request LoRA adapters (mstar.adapters, mstar.engine.lora)
+    lora_dir: str | None = Field(
+        None,
+        description="Folder of LoRA adapters requests may name (diffusers / PEFT safetensors: "
+        "<name>.safetensors or <name>/pytorch_lora_weights.safetensors); listed by GET /v1/loras. "
+        "Unset: requests cannot name adapters.",
+    )
+    max_loras: int = Field(
+        8, ge=1, description="Adapters resident on the device at once (an LRU; each takes one slot)."
+    )
+    max_lora_rank: int = Field(
+        64,
+        ge=8,
+        multiple_of=8,
+        description="Largest adapter rank served; smaller ranks are zero-padded to it in the slots "
+        "(memory and the adapter's share of a step grow with it). Adapters above it are refused.",
+    )
+    max_loras_per_request: int = Field(
+        2, ge=1, description="Adapters one request may name (their updates add up)."
+    )
 
     @field_validator("device")
     @classmethod
@@ -182,6 +265,15 @@ class ServerConfig(BaseModel):
     def _check_heartbeats(self) -> ServerConfig:
         if self.heartbeat_timeout_s <= 3 * self.heartbeat_interval_s:
             raise ValueError("heartbeat_timeout_s must be above 3 heartbeat_interval_s")
+        return self
+
+    @model_validator(mode="after")
+    def _check_loras(self) -> ServerConfig:
+        if self.max_loras_per_request > self.max_loras:
+            raise ValueError(
+                f"max_loras_per_request ({self.max_loras_per_request}) cannot exceed max_loras "
+                f"({self.max_loras}): a request's adapters are resident together"
+            )
         return self
 
     @model_validator(mode="after")

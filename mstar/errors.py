@@ -1,5 +1,6 @@
 """Errors every layer may raise; the API maps them to HTTP statuses."""
 
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 # How a request can fail inside the runtime; the API maps each to its status.
@@ -19,8 +20,9 @@ class InvalidParam(ValueError):
 class UnknownModel(LookupError):
     """The requested model is not served here. Becomes HTTP 404."""
 
-    def __init__(self, name: str):
-        super().__init__(f"model '{name}' is not served here")
+    def __init__(self, name: str, served: Sequence[str] = ()):
+        listed = f"; served: {', '.join(served)}" if served else ""
+        super().__init__(f"model '{name}' is not served here{listed}")
         self.name = name
 
 

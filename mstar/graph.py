@@ -11,9 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from mstar.params import RequestParams
+from mstar.params import LoraChoice, RequestParams
+
+if TYPE_CHECKING:
+    from mstar.adapters import LoraKeyRules
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class GenerationParams:
     guidance_scale: float | None = None
     seed: int | None = None
     has_input_reference: bool = False
+    lora: tuple[LoraChoice, ...] = ()  # the adapters the request names
 
 
 # Labels: the streams of one request in a packed step (its conditioned pass, and the unconditioned
@@ -175,6 +179,8 @@ class ModelSpec(ABC):
     output_tensor: str = "frames"
     # Whether its text encoder can stream its weights from host memory (config offload_text_encoder)
     streams_text_encoder: bool = False
+    # The family's LoRA key layouts (its lora_keys.py); None: requests name no adapters
+    lora_keys: LoraKeyRules | None = None
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:

@@ -12,6 +12,14 @@ from __future__ import annotations
 import msgspec
 
 
+class LoraChoice(msgspec.Struct, frozen=True):
+    """One adapter a request names (mstar.adapters: from the server's lora_dir), with the scale its
+    update is multiplied by."""
+
+    name: str
+    scale: float = 1.0
+
+
 class RequestParams(msgspec.Struct, frozen=True, kw_only=True):
     """What every family's params are: a frozen Struct (subclasses say kw_only=True, which
     msgspec does not inherit, so their required fields may follow the bases' defaults)."""
@@ -28,6 +36,7 @@ class ImageParams(RequestParams, kw_only=True):
     guidance_scale: float
     seed: int
     num_frames: int = 1
+    lora: tuple[LoraChoice, ...] = ()  # checked against the server's adapters (api.service)
 
 
 class VideoParams(ImageParams, kw_only=True):

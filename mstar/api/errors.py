@@ -78,8 +78,10 @@ def to_api_error(error: Exception) -> ApiError:
 def validation_error(errors: list | tuple) -> ApiError:
     """The first pydantic error, naming its field (the `body` prefix dropped)."""
     first = errors[0] if errors else {}
-    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-    param = ".".join(location) or None
+    location = list(first.get("loc", ()))
+    if location and location[0] in ("body", "query", "path"):  # FastAPI's source, not a field
+        location = location[1:]
+    param = _field_path(location)
     if first.get("type") == "json_invalid":
         return ApiError(400, "The request body is not valid JSON.", code="invalid_json")
     message = first.get("msg", "invalid request")
@@ -87,6 +89,14 @@ def validation_error(errors: list | tuple) -> ApiError:
         message = "unknown field"
     text = f"{param}: {message}" if param else message
     return ApiError(400, text, param=param, code=first.get("type", "invalid_value"))
+
+
+def _field_path(location: list) -> str | None:
+    """pydantic's location as a field path: ("lora", 1, "name") -> "lora[1].name"."""
+    path = ""
+    for part in location:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or None
 
 
 def install_error_handlers(app: FastAPI) -> None:

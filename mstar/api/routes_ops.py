@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -58,5 +59,16 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def retrieve_model(model_id: str, request: Request) -> dict[str, Any]:
     state = server_state(request)
     if model_id != state.spec.name:
-        raise UnknownModel(model_id)
+        raise UnknownModel(model_id, [state.spec.name])
     return _model_card(state)
+
+
+@router.get("/v1/loras")
+async def list_loras(request: Request) -> dict[str, Any]:
+    """The adapters of lora_dir: name (`id`), rank, family when its keys tell, resident or not."""
+    state = server_state(request)
+    catalog = state.generator.lora_catalog
+    infos = await asyncio.to_thread(catalog.scan) if catalog is not None else []
+    loaded_adapters = getattr(state.runtime, "loaded_adapters", None)
+    loaded = set(loaded_adapters()) if loaded_adapters is not None else set()
+    return {"object": "list", "data": [info.card(info.name in loaded) for info in infos]}

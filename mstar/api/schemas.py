@@ -7,18 +7,22 @@ OpenAI fields we accept but do not use are listed so the official client's paylo
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from mstar.adapters import MAX_LORA_SCALE
 from mstar.errors import InvalidParam
 from mstar.graph import GenerationParams
+from mstar.params import LoraChoice
 
 SIZE_PATTERN = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 MAX_PROMPT_CHARS = 100_000  # a coarse guard; the model's token limit is checked by spec.validate
 MAX_SEED = 2**63 - 1
 MAX_N = 10
+MAX_LORA_FIELDS = 16  # a coarse guard; the server's max_loras_per_request is checked on validation
 
 
 def _reject_bool(value: Any) -> Any:
@@ -56,6 +60,25 @@ def parse_seconds(seconds: str | None) -> float | None:
     return value
 
 
+class LoraField(BaseModel):
+    """One entry of `lora`: an adapter of the server's lora_dir (GET /v1/loras) and its scale."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    scale: Float = Field(1.0, ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE, allow_inf_nan=False)
+
+
+def _lora_from_form(value: Any) -> Any:
+    # A multipart form carries `lora` as a JSON string.
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError("lora must be a JSON list of {name, scale}") from None
+    return value
+
+
 class _GenerationFields(BaseModel):
     """Fields shared by every generation route (flat extensions to the OpenAI shapes)."""
 
@@ -67,6 +90,9 @@ class _GenerationFields(BaseModel):
     num_inference_steps: Int | None = Field(None, ge=1, le=1000)
     guidance_scale: Float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     seed: Int | None = Field(None, ge=0, le=MAX_SEED)
+    lora: Annotated[list[LoraField], BeforeValidator(_lora_from_form)] | None = Field(
+        None, max_length=MAX_LORA_FIELDS
+    )
     user: str | None = None  # OpenAI field, accepted and unused
 
     @field_validator("prompt")
@@ -86,6 +112,7 @@ class _GenerationFields(BaseModel):
             height=height,
             num_inference_steps=self.num_inference_steps,
             guidance_scale=self.guidance_scale,
+            lora=tuple(LoraChoice(item.name, item.scale) for item in self.lora or ()),
             **route_fields,
         )
 

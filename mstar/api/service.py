@@ -16,11 +16,12 @@ from typing import Any
 
 import msgspec
 
+from mstar.adapters import LoraCatalog, check_lora_choices
 from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
 from mstar.api.metrics import PrometheusMetrics
 from mstar.errors import FailureKind, InvalidParam, Overloaded, UnknownModel
 from mstar.graph import GenerationParams, ModelSpec
-from mstar.params import RequestParams
+from mstar.params import LoraChoice, RequestParams
 from mstar.runtime.events import Done, Failed, Piece, Progress
 
 logger = logging.getLogger("mstar.api")
@@ -88,6 +89,14 @@ def check_step_tokens(spec: ModelSpec, params: RequestParams, max_tokens_per_ste
     )
 
 
+def _lora_catalog(lora_dir: str | None) -> LoraCatalog | None:
+    if not lora_dir:
+        return None
+    from mstar.models.lora_families import LORA_KEY_RULES
+
+    return LoraCatalog(lora_dir, LORA_KEY_RULES)
+
+
 def random_seed() -> int:
     return secrets.randbelow(2**31)
 
@@ -98,11 +107,12 @@ class Generator:
         self.spec = spec
         self.runtime = runtime
         self.metrics = metrics
+        self.lora_catalog = _lora_catalog(getattr(config, "lora_dir", None))
 
     def check_model(self, model: str | None, output_kind: str) -> None:
         """404 for a model not served here; 400 when the route's media kind is not the model's."""
         if model is not None and model != self.spec.name:
-            raise UnknownModel(model)
+            raise UnknownModel(model, [self.spec.name])
         if self.spec.output_kind != output_kind:
             raise ApiError(
                 400,
@@ -124,7 +134,20 @@ class Generator:
     def validate(self, params: GenerationParams) -> RequestParams:
         validated = self.spec.validate(params)
         check_step_tokens(self.spec, validated, self.config.max_tokens_per_step)
+        if params.lora:
+            validated = msgspec.structs.replace(validated, lora=self._check_lora(params))
         return validated
+
+    def _check_lora(self, params: GenerationParams) -> tuple[LoraChoice, ...]:
+        rules = self.spec.lora_keys
+        return check_lora_choices(
+            params.lora,
+            self.lora_catalog,
+            max_per_request=self.config.max_loras_per_request,
+            max_rank=self.config.max_lora_rank,
+            family=None if rules is None else rules.family,
+            model_name=self.spec.name,
+        )
 
     def submit(
         self, params: RequestParams, inputs: dict[str, Any] | None = None, stream_frames: bool = False

@@ -145,7 +145,7 @@ class ChatCompletionRequest(_SamplingFields):
                 texts = []
                 for part_index, part in enumerate(content):
                     if part.type != "text":
-                        where = f"messages.{index}.content.{part_index}"
+                        where = f"messages[{index}].content[{part_index}]"
                         if accepts_images:
                             raise InvalidParam(where, f"'{part.type}' parts are not supported yet")
                         raise InvalidParam(where, f"this model is text-only: '{part.type}' parts are refused")

@@ -1,6 +1,6 @@
 """The benchmarks' registry view and diffusers' side of them: every family's workloads (from its
 bench entry, models/registry.py), diffusers' transformer built as from_pretrained(torch_dtype=...)
-would load it, and the relative error of ours against it."""
+would load it, and how far ours is from it (relative error, PSNR)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,21 @@ def diffusers_transformer(
     with torch.device(device):
         model = model_class(**transformer_config)
     return cast_parameters(model, dtype, model_class._keep_in_fp32_modules).eval().requires_grad_(False)
+
+
+def output_psnr_db(ours: list[Any], reference: list[Any]) -> float:
+    """PSNR (dB) of ours against the reference over all items: the reference's value range as the
+    peak, in float32 (inf when equal)."""
+    import math
+
+    pairs = [(a.float().reshape(b.shape), b.float()) for a, b in zip(ours, reference, strict=True)]
+    squared = sum(float((a - b).pow(2).sum()) for a, b in pairs)
+    count = sum(b.numel() for _, b in pairs)
+    peak = max(float(b.max() - b.min()) for _, b in pairs)
+    if squared == 0:
+        return math.inf
+    mse = squared / max(count, 1)
+    return 10 * math.log10(peak**2 / mse) if math.isfinite(mse) and peak > 0 else -math.inf
 
 
 def relative_error(ours: list[Any], reference: list[Any]) -> float:

@@ -1,7 +1,9 @@
-"""`mstar bench serve | step | diffusers | parity | report`: every claim is a number measured side by side.
+"""`mstar bench serve | serve-suite | step | diffusers | parity | report | table`: every claim is a
+number measured side by side.
 
 Each benchmark writes a JSON result (with date, GPU, versions, command) and a markdown table next
-to it, and prints the table. `report` turns result files into a dated section of docs/benchmarks.md.
+to it, and prints the table. `report` writes docs/benchmarks.md's per-model tables from the
+result files of one run (bench/h200.sh's phases).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def _suite_parser(sub: Any) -> None:
     e2e_workloads = _e2e_workloads()
 
     parser = sub.add_parser(
-        "serve-suite", help="issue 8 profile: cold vs steady, c=1 vs high c, mixed sizes, recompiles, parity"
+        "serve-suite",
+        help="our server's profile: cold vs steady, c=1 vs high c, a new size, mixed sizes, recompiles, parity",
     )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument(
@@ -98,6 +101,13 @@ def _suite_parser(sub: Any) -> None:
     parser.add_argument("--num-high", type=int, default=4)
     parser.add_argument("--num-mixed", type=int, default=8, help="0: no mixed run")
     parser.add_argument("--boot-s", type=float, help="time to /ready, measured by the caller")
+    parser.add_argument(
+        "--new-size", help="WxH the server did not compile at warmup: first request vs steady"
+    )
+    parser.add_argument(
+        "--new-size-settle", type=float, default=60.0, dest="new_size_settle_s",
+        help="seconds between the new size's first request and its steady ones (its background compile)",
+    )  # fmt: skip
     parser.add_argument("--max-duration", type=float, default=1e9, dest="max_duration_s", help="time guard")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=600.0, dest="request_timeout_s")
@@ -208,18 +218,10 @@ def _parity_parser(sub: Any) -> None:
 
 def _report_parser(sub: Any) -> None:
     parser = sub.add_parser(
-        "report", help="write result JSON files as a new dated section of docs/benchmarks.md"
+        "report", help="write docs/benchmarks.md's per-model tables from the phases' result JSON files"
     )
     parser.add_argument("results", nargs="+", type=Path, help="result JSON files or folders")
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
-    parser.add_argument(
-        "--command",
-        action="append",
-        default=[],
-        dest="commands",
-        help="an exact command of the run (repeatable)",
-    )
-    parser.add_argument("--title", help="section heading (default: date and GPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -277,6 +279,7 @@ def _suite_options(args: argparse.Namespace):
     args.num_requests, args.num_warmup = 0, 0  # the suite sets its own counts per phase
     serve = _serve_options(args)
     names = ("num_steady", "high_concurrency", "num_high", "num_mixed", "company_sizes", "boot_s")
+    names += ("new_size", "new_size_settle_s")
     return SuiteOptions(
         serve=serve, max_duration_s=args.max_duration_s, **{n: getattr(args, n) for n in names}
     )
@@ -326,15 +329,15 @@ def _run(args: argparse.Namespace, argv: list[str], write: Any) -> dict[str, Any
 
 
 def _report(args: argparse.Namespace) -> int:
-    from mstar.bench.report import load_results, run_section, update_benchmarks_doc
+    from mstar.bench.report import load_results
+    from mstar.bench.results_page import update_results_page
 
     results = load_results(args.results)
     if not results:
         print(f"no benchmark results found in {[str(p) for p in args.results]}", file=sys.stderr)
         return 1
-    commands = args.commands or sorted({r.get("env", {}).get("command", "") for r in results} - {""})
-    update_benchmarks_doc(args.doc, run_section(results, commands, args.title))
-    print(f"{args.doc}: added a section from {len(results)} result file(s)")
+    update_results_page(args.doc, results)
+    print(f"{args.doc}: tables written from {len(results)} result file(s)")
     return 0
 
 

@@ -2,7 +2,7 @@
 ZImagePipeline) with random weights of the real configs, the same seeds, steps, guidance and sizes
 as our serving benchmark's workloads.
 
-Text encoders are timed apart (as in /work/shared/H200.md): seeded prompt embeddings are passed in,
+Text encoders are timed apart: seeded prompt embeddings are passed in,
 so both sides time the DiT loop, the VAE decode and post-processing. Each workload runs eager and
 then with the transformer under torch.compile (first call reported apart), sequentially at c=1.
 """

@@ -1,9 +1,5 @@
-"""Markdown from benchmark JSON: one table per result file, and the docs/benchmarks.md history.
-
-docs/benchmarks.md keeps one section per measurement run, newest first. Each section has the
-comparison table (ours, diffusers eager and compiled, ratio, fraction of roofline), the date,
-GPU, versions and the exact commands. `update_benchmarks_doc` inserts a new section above the
-older ones and never rewrites them.
+"""Markdown from benchmark JSON: one table per result file (what each benchmark prints and
+`mstar bench table` shows). docs/benchmarks.md's per-model tables are mstar/bench/results_page.py's.
 """
 
 from __future__ import annotations
@@ -11,20 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-
-DOC_HEADER = """# Benchmarks
-
-Every figure is measured side by side with a baseline in the same run, on the GPU named, with the
-commands given. Ratio = baseline time / mstar time (above 1: mstar is faster). Fraction of roofline
-= counted FLOPs at the measured ceilings (bf16 GEMM 780 TFLOP/s, fa3 attention 660 TFLOP/s) over
-the measured time. Newest first; older runs are kept below.
-"""
-RUNS_MARKER = "<!-- runs: newest first -->"
-NO_RUNS_YET = "_No run recorded yet._"
-COMPARISON_HEADER = (
-    "| workload | metric | mstar | diffusers eager | diffusers compiled | ratio | fraction of roofline |\n"
-    "|---|---|---|---|---|---|---|"
-)
 
 
 def fmt(value: Any, digits: int = 2) -> str:
@@ -135,73 +117,6 @@ def _find(runs: list[dict], **match: Any) -> dict | None:
     return None
 
 
-def comparison_rows(results: list[dict[str, Any]]) -> list[str]:
-    """Rows of the docs table from any mix of step, diffusers and serve results (joined by workload)."""
-    rows: list[str] = []
-    for result in (r for r in results if r["benchmark"] == "step"):
-        for entry in result["results"]:
-            rows.extend(_step_rows(entry))
-    pipelines = [run for r in results if r["benchmark"] == "diffusers" for run in r["results"]]
-    serves = [r for r in results if r["benchmark"] == "serve"]
-    for workload in sorted({run["workload"] for run in pipelines} | {_serve_workload(r) for r in serves}):
-        rows.extend(_end_to_end_rows(workload, pipelines, serves))
-    return rows + suite_rows(results, pipelines)
-
-
-def suite_rows(results: list[dict[str, Any]], pipelines: list[dict]) -> list[str]:
-    from mstar.bench.suite_report import suite_comparison_rows
-
-    rows = []
-    for result in (r for r in results if r["benchmark"] == "serve-suite"):
-        rows.extend(suite_comparison_rows(result, pipelines))
-    return rows
-
-
-def _step_rows(entry: dict[str, Any]) -> list[str]:
-    eager = _find(entry["runs"], impl="diffusers", mode="eager")
-    compiled = _find(entry["runs"], impl="diffusers", mode="compiled")
-    eager_ms = eager and eager.get("median_ms")
-    compiled_ms = compiled and compiled.get("median_ms")
-    rows = []
-    for run in (r for r in entry["runs"] if r["impl"] == "mstar"):
-        label = f"{entry['workload']} DiT step ({run['mode']}, {run.get('attention_backend')})"
-        rows.append(
-            f"| {label} | ms | {fmt(run.get('median_ms'))} | {fmt(eager_ms)} | {fmt(compiled_ms)} | "
-            f"{_ratio(eager_ms, run.get('median_ms'))} | {fmt(run.get('roofline_fraction'))} |"
-        )
-    if not rows and eager_ms:
-        rows.append(
-            f"| {entry['workload']} DiT step | ms | - | {fmt(eager_ms)} | {fmt(compiled_ms)} | - | "
-            f"{fmt(eager.get('roofline_fraction'))} (diffusers) |"
-        )
-    return rows
-
-
-def _serve_workload(result: dict[str, Any]) -> str:
-    return result.get("workload") or result["options"].get("model") or "serve"
-
-
-def _end_to_end_rows(workload: str, pipelines: list[dict], serves: list[dict]) -> list[str]:
-    eager = _find(pipelines, workload=workload, mode="eager") or {}
-    compiled = _find(pipelines, workload=workload, mode="compiled") or {}
-    serve_runs = [run for r in serves if _serve_workload(r) == workload for run in r["runs"]]
-    single = _find(serve_runs, mode="closed", concurrency=1) or {}
-    ours_p50 = single.get("latency_p50_s")
-    rows = [
-        f"| {workload} end to end, c=1 | p50 s | {fmt(ours_p50)} | {fmt(eager.get('latency_p50_s'))} | "
-        f"{fmt(compiled.get('latency_p50_s'))} | {_ratio(eager.get('latency_p50_s'), ours_p50)} | - |"
-    ]
-    for run in (r for r in serve_runs if r["mode"] == "closed" and r["concurrency"] != 1):
-        per_minute = run.get("images_per_minute", run.get("videos_per_minute"))
-        base = eager.get("sequential_per_minute")
-        rows.append(
-            f"| {workload} throughput, c={run['concurrency']} (diffusers: sequential) | per min | "
-            f"{fmt(per_minute)} | {fmt(base)} | {fmt(compiled.get('sequential_per_minute'))} | "
-            f"{_ratio(per_minute, base)} | - |"
-        )
-    return rows
-
-
 def code_label(env: dict[str, Any]) -> str:
     """Which code ran: the commit whose files equal the run's working tree when this repository has
     one (a copied tree's own git metadata may be stale), else what the run's git described."""
@@ -215,50 +130,6 @@ def code_label(env: dict[str, Any]) -> str:
     return f"{described}, tree {tree[:12]} (no commit here has those files)" if tree else described
 
 
-def _env_lines(results: list[dict[str, Any]]) -> list[str]:
-    lines = []
-    for result in results:
-        env = result.get("env", {})
-        versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items() if v)
-        lines.append(
-            f"- {result['benchmark']}: {env.get('date_utc', '-')}, GPU {env.get('gpu') or '-'}, "
-            f"CUDA {env.get('cuda') or '-'}, {versions}, {code_label(env)}"
-        )
-    return lines
-
-
-def run_section(results: list[dict[str, Any]], commands: list[str], title: str | None = None) -> str:
-    dates = sorted(r.get("env", {}).get("date_utc", "") for r in results)
-    gpus = {r.get("env", {}).get("gpu") for r in results} - {None}
-    heading = title or f"{dates[-1] if dates else 'undated'} on {', '.join(sorted(gpus)) or 'unknown GPU'}"
-    body = [f"## {heading}", "", COMPARISON_HEADER, *comparison_rows(results), ""]
-    from mstar.bench.suite_report import H200_MD_MARK, H200_MD_NOTE
-
-    if any(H200_MD_MARK in row for row in body):  # a figure taken from H200.md, not this run
-        body += [H200_MD_NOTE, ""]
-    body += ["Measured with:"]
-    body += _env_lines(results)
-    body += ["", "Commands:", "```", *commands, "```", ""]
-    details = [result_markdown(r) for r in results]
-    return (
-        "\n".join(body)
-        + "\n<details><summary>all figures</summary>\n\n"
-        + "\n".join(details)
-        + "\n</details>\n"
-    )
-
-
-def update_benchmarks_doc(doc_path: Path, section: str) -> None:
-    """Put `section` first under the marker; older sections stay below, untouched."""
-    text = doc_path.read_text() if doc_path.exists() else ""
-    if RUNS_MARKER not in text:
-        # First structured write: the old header (and its empty table) are replaced by the new one.
-        text = f"{DOC_HEADER}\n{RUNS_MARKER}\n"
-    head, tail = text.split(RUNS_MARKER, 1)
-    tail = tail.replace(NO_RUNS_YET, "")
-    doc_path.write_text(f"{head}{RUNS_MARKER}\n\n{section}\n{tail.lstrip(chr(10))}".rstrip("\n") + "\n")
-
-
 def load_results(paths: list[Path]) -> list[dict[str, Any]]:
     """Every *.json result under the given files or folders, in name order."""
     files: list[Path] = []
@@ -268,7 +139,8 @@ def load_results(paths: list[Path]) -> list[dict[str, Any]]:
     return [
         r
         for r in results
-        if isinstance(r, dict) and r.get("benchmark") in ("serve", "step", "diffusers", "serve-suite")
+        if isinstance(r, dict)
+        and r.get("benchmark") in ("serve", "step", "diffusers", "serve-suite", "parity")
     ]
 
 

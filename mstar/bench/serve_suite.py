@@ -1,10 +1,13 @@
-"""The serving profile of issue 8, against our server right after /ready, in one client session:
+"""Our server's serving profile, right after /ready, in one client session:
 
 1. cold: the first request after /ready, alone (its latency against the steady c=1 p50);
 2. steady c=1: `num_steady` requests back to back (p50, per minute);
 3. high concurrency: closed loop at `high_concurrency` (per minute, ratio to c=1);
-4. mixed: `sizes` interleaved at `high_concurrency` (p50, p99, p99/p50, recompiles in the run);
-5. parity: request 0 again, sent together with `company_sizes` requests in flight; its output
+4. new size: the first request at `new_size` (a size the server did not compile at warmup), alone;
+   then, `new_size_settle_s` later (its compile runs off the serving path meanwhile), `num_steady`
+   requests at that size: the first against their p50;
+5. mixed: `sizes` interleaved at `high_concurrency` (p50, p99, p99/p50, recompiles in the run);
+6. parity: request 0 again, sent together with `company_sizes` requests in flight; its output
    against request 0 run alone (steady). PNG images: PSNR of pixels. MP4 videos are lossy: equal
    bytes prove equal frames, otherwise the PSNR of the decoded frames is only indicative.
 Request 0 of every phase repeats the cold request (prompt and seed: the parity checks compare
@@ -49,6 +52,8 @@ class SuiteOptions:
     company_sizes: list[str] = field(default_factory=list)  # parity: requests in flight with request 0
     boot_s: float | None = None  # time to /ready, measured by the caller
     max_duration_s: float = 1e9
+    new_size: str | None = None  # WxH not compiled at warmup: its first request against its steady
+    new_size_settle_s: float = 60.0  # before the new size's steady requests: its compile's time
 
 
 def decode_frames(media: bytes, kind: str) -> Any:
@@ -214,6 +219,8 @@ async def _phases(session: _Session) -> None:
     high = suite.high_concurrency
     if num := session.fitting(f"c{high}", suite.num_high, high, high):
         await session.closed(f"c{high}", replace(steady, num_requests=num, prompt_tag=f"c{high}"), high)
+    if suite.new_size and session.fitting("new_size", 2 + suite.num_steady, 1, 2):
+        await _new_size(session, replace(steady, size=suite.new_size, keep_media=False))
     if num := session.fitting("mixed", suite.num_mixed, high, min(high, suite.num_mixed)):
         sizes = tuple(suite.serve.sizes or [suite.serve.size])
         mixed = replace(steady, sizes=sizes, num_requests=num, prompt_tag="mixed")
@@ -225,19 +232,40 @@ async def _phases(session: _Session) -> None:
     await session.scrape("at_end")
 
 
+async def _new_size(session: _Session, options: ServeOptions) -> None:
+    """A size the warmup did not compile: its first request (served while that size compiles in
+    the background), then its steady c=1 once the compile had `new_size_settle_s` to finish."""
+    first = await run_one(session.client, replace(options, prompt_tag="new-size"), 0)
+    session.result["new_size_first"] = record_dict(first)
+    await session.scrape("after_new_size_first")
+    session.on_update(session.result)
+    settle_s = min(session.options.new_size_settle_s, max(0.0, session.remaining_s() - 60.0))
+    await asyncio.sleep(settle_s)
+    num = max(1, session.options.num_steady)
+    await session.closed("new_size_c1", replace(options, num_requests=num, prompt_tag="new-size-c1"), 1)
+
+
 def summary(result: dict[str, Any], kind: str, high_concurrency: int) -> dict[str, Any]:
-    """The headline figures of issue 8 from the phases measured."""
+    """The headline figures from the phases measured."""
     unit = "images_per_minute" if kind == "image" else "videos_per_minute"
     phases, recompiles = result["phases"], result["recompiles"]
     steady, high, mixed = (phases.get(n) or {} for n in ("steady_c1", f"c{high_concurrency}", "mixed"))
     cold_s = result.get("cold", {}).get("latency_s") if result.get("cold", {}).get("ok") else None
     first, last = recompiles.get("at_ready"), recompiles.get("at_end")
-    mixed_before = recompiles.get(f"after_c{high_concurrency}", recompiles.get("after_steady_c1"))
+    new_first = result.get("new_size_first") or {}
+    new_first_s = new_first.get("latency_s") if new_first.get("ok") else None
+    new_steady_s = (phases.get("new_size_c1") or {}).get("latency_p50_s")
+    mixed_before = recompiles.get(
+        "after_new_size_c1", recompiles.get(f"after_c{high_concurrency}", recompiles.get("after_steady_c1"))
+    )
     return {
         "boot_s": result.get("boot_s"),
         "cold_latency_s": cold_s,
         "steady_p50_s": steady.get("latency_p50_s"),
         "cold_over_steady": _ratio(cold_s, steady.get("latency_p50_s")),
+        "new_size_first_s": new_first_s,
+        "new_size_steady_p50_s": new_steady_s,
+        "new_size_first_over_steady": _ratio(new_first_s, new_steady_s),
         "per_minute_c1": steady.get(unit),
         f"per_minute_c{high_concurrency}": high.get(unit),
         "throughput_ratio": _ratio(high.get(unit), steady.get(unit)),

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mstar.bench.baseline import diffusers_transformer, relative_error, step_workloads
+from mstar.bench.baseline import diffusers_transformer, output_psnr_db, relative_error, step_workloads
 from mstar.bench.stats import median
 from mstar.models.bench_entry import DitBenchEntry, StepWorkload
 from mstar.models.flops import FlopCount
@@ -244,6 +244,7 @@ def _run_ours_case(
         return
     reference = case.reference
     run["rel_error"] = relative_error(output, reference) if reference is not None else None
+    run["psnr_db"] = output_psnr_db(output, reference) if reference is not None else None
     case.entry["runs"].append(run)
 
 

@@ -1,4 +1,4 @@
-"""Serving-side VAE decode (issue 8): channels_last_3d, optional torch.compile, uint8 frames on device.
+"""Serving-side VAE decode: channels_last_3d, optional torch.compile, uint8 frames on device.
 
 Works with any causal chunked video decoder shaped like mstar.models.wan22.vae.WanVAEDecoder
 (`ChunkDecoder` below). Two paths, both exposed so their speed can be measured:
@@ -18,11 +18,15 @@ Compile modes are mstar.engine.compile's: "off" | "deterministic" | "default" | 
 tuning off, `inductor.config.deterministic` where this torch has it), so every worker runs the same
 kernels; convolutions stay on cuDNN's heuristic algorithm choice (torch.backends.cudnn.benchmark
 stays off). Shapes are compiled static (`dynamic=False`): the first chunk and the steady-state
-chunks are two graphs per resolution, compiled at warmup (chunk inputs and frame tails carry
-canonical strides, so every clip length reuses them). Inductor's comprehensive padding is off for
-the VAE (VAE_INDUCTOR_OPTIONS). The fast path is mstar.engine.checked_compile.CheckedCompile's:
-`verify_fast_path(latents)` at warmup checks its frames against the plain decode for that shape,
-which decodes plainly from then on after a mismatch. On CPU compiling is turned off.
+chunks are two graphs per resolution (chunk inputs and frame tails carry canonical strides, so
+every clip length reuses them). Inductor's comprehensive padding is off for the VAE
+(VAE_INDUCTOR_OPTIONS). On CPU compiling is turned off.
+
+What serves requests (`decode_uint8`, `iter_host_uint8`) never waits for a compile: a resolution is
+decoded on the compiled step only once `verify_fast_path` compiled and checked it against the plain
+decode (>= 40 dB PSNR; mstar.engine.checked_compile.CheckedCompile). Warmup does that inline for
+the configured sizes; any other resolution decodes on the eager step at once while its check runs
+in the background, and stays eager if the compiled frames disagree.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-from mstar.engine.checked_compile import CheckedCompile
+from mstar.engine.checked_compile import CheckedCompile, uint8_psnr_db
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +112,8 @@ class VaeDecodeRunner:
 
     `chunk_latent_frames`: latent frames per step after the first (1 = diffusers' schedule; larger
     keeps the GPU busier in the low-resolution stages at the cost of activation memory).
-    `compile_backend` replaces inductor (e.g. "eager" in CPU tests of the compile plumbing).
+    `compile_backend` replaces inductor (e.g. "aot_eager" in CPU tests of the compile plumbing).
+    `compiler`: where resolutions not warmed up compile (the process's compile thread by default).
     """
 
     def __init__(
@@ -116,9 +121,10 @@ class VaeDecodeRunner:
         decoder: ChunkDecoder,
         compile_mode: str = "off",
         channels_last: bool = True,
-        compile_backend: str | None = None,
+        compile_backend: Any = None,
         dynamic: bool = False,
         chunk_latent_frames: int = 1,
+        compiler: Any = None,
     ):
         from mstar.engine.compile import effective_mode
 
@@ -130,27 +136,24 @@ class VaeDecodeRunner:
         first_param = next(iter(decoder.parameters()))
         self.device = first_param.device
         self.dtype = first_param.dtype
-        self.compile_mode = "off" if compile_backend else effective_mode(compile_mode, str(self.device))
+        self.compile_mode = effective_mode(compile_mode, str(self.device))
+        if compile_backend is not None and self.compile_mode == "off":
+            self.compile_mode = "default"  # the backend replaces inductor; its options are unused
         if channels_last:
             convert_to_channels_last(decoder)  # type: ignore[arg-type]
         self._uint8_step = self._wrap(self._step_uint8, "vae_decode_uint8", compile_backend, dynamic)
         self._video_step = self._wrap(self._step_video, "vae_decode_video", compile_backend, dynamic)
-        steps = [s for s in (self._uint8_step, self._video_step) if hasattr(s, "finish_warmup")]
-        self.fast = CheckedCompile(
-            self._decode_fast, self.decode_plain_uint8, "VAE fast decode", key=_clip_shape, parts=steps,
-            check_first_call=False,
-        )  # fmt: skip
+        self.checked = CheckedCompile(
+            "vae_decode_uint8", self._check_shape, enabled=self.compile_mode != "off", compiler=compiler
+        )
 
-    def _wrap(self, fn, name: str, compile_backend: str | None, dynamic: bool):
+    def _wrap(self, fn, name: str, compile_backend: Any, dynamic: bool):
         from mstar.engine.compile import CompiledFunction
 
-        if compile_backend is not None:
-            import torch
-
-            return torch.compile(fn, backend=compile_backend, dynamic=dynamic)
         return CompiledFunction(
-            fn, self.compile_mode, name, dynamic=dynamic, extra_options=VAE_INDUCTOR_OPTIONS
-        )
+            fn, self.compile_mode, name, dynamic=dynamic, extra_options=VAE_INDUCTOR_OPTIONS,
+            backend=compile_backend,
+        )  # fmt: skip
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -159,7 +162,7 @@ class VaeDecodeRunner:
         latents = self._as_clip(latents)
         if self.choose_path(latents.shape[2], path) == "plain":
             return self.decode_plain_uint8(latents)
-        return self.fast(latents)
+        return self.decode_fast_uint8(latents, self._serving_step(latents))
 
     @staticmethod
     def choose_path(num_latent_frames: int, path: DecodePath = "auto") -> Literal["plain", "fast"]:
@@ -176,15 +179,12 @@ class VaeDecodeRunner:
             video = self.decoder.decode(self._as_clip(latents).to(self.device, self.dtype))
             return to_uint8_frames(video)[0]
 
-    def decode_fast_uint8(self, latents: torch.Tensor) -> torch.Tensor:
-        """The fast path's frames, checked or not (tests and benchmarks time it alone)."""
-        return self._decode_fast(latents)
-
-    def _decode_fast(self, latents: torch.Tensor) -> torch.Tensor:
+    def decode_fast_uint8(self, latents: torch.Tensor, step=None) -> torch.Tensor:
+        """The fast path on the compiled step (compiling it now if need be), or on `step`."""
         import torch
 
         with torch.inference_mode():
-            chunks = list(self._run_chunks(self._as_clip(latents), self._uint8_step))
+            chunks = list(self._run_chunks(self._as_clip(latents), step or self._uint8_step))
             return torch.cat(chunks, dim=0)  # [F, H, W, 3]
 
     def iter_host_uint8(self, latents: torch.Tensor, path: DecodePath = "auto") -> Iterator[torch.Tensor]:
@@ -194,11 +194,11 @@ class VaeDecodeRunner:
         queued right behind its chunk and waited for only after the next chunk is queued, so the
         device keeps decoding while the caller passes a piece on."""
         latents = self._as_clip(latents)
-        if self.choose_path(latents.shape[2], path) == "plain" or not self.fast.serves_compiled(latents):
+        if self.choose_path(latents.shape[2], path) == "plain":
             yield self.decode_plain_uint8(latents).cpu()
             return
         pending = None
-        for frames in self._run_chunks(latents, self._uint8_step):
+        for frames in self._run_chunks(latents, self._serving_step(latents)):
             copy = _start_host_copy(frames)
             if pending is not None:
                 yield _finish_host_copy(pending)
@@ -215,21 +215,55 @@ class VaeDecodeRunner:
             return torch.cat(chunks, dim=2)
 
     def verify_fast_path(self, latents: torch.Tensor) -> float:
-        """PSNR (dB) of the fast path's frames against the plain eager decode of `latents`.
+        """Compile the fast path at this clip's resolution now and check it: PSNR (dB) of its
+        frames against the plain eager decode of `latents`. At or above checked_compile.MIN_PSNR_DB,
+        requests of that resolution decode compiled from then on; below it (a miscompile: torch
+        2.11 gave 14.5 dB) they stay on the eager step, with an error logged, so wrong frames are
+        never served. Call at warmup with random latents (zeros decode to near-flat frames that
+        hide layout bugs)."""
+        clip = self._as_clip(latents)
+        return self.checked.warm(self.shape_key(clip), lambda key: self._fast_vs_plain_psnr_db(clip))
 
-        Below mstar.engine.checked_compile.MIN_PSNR_DB (a miscompile: torch 2.11 gave 14.5 dB) clips
-        of this shape decode plainly from then on, with a warning, so wrong frames are never
-        served. Call at warmup with random latents (zeros decode to near-flat frames that hide
-        layout bugs)."""
-        return self.fast.check(self._as_clip(latents))
+    def shape_key(self, latents: torch.Tensor) -> tuple[int, ...]:
+        """What the compiled step's graphs depend on: latent channels, height and width, and the
+        lengths of the chunks after the first (one graph per length)."""
+        _, channels, num_frames, height, width = latents.shape
+        later = sorted(
+            {stop - start for start, stop in chunk_bounds(num_frames, self.chunk_latent_frames)[1:]}
+        )
+        return (channels, height, width, *reversed(later))
+
+    def _check_shape(self, key: tuple[int, ...]) -> float:
+        """Off the serving path: compile this key's graphs on seeded random latents and check them."""
+        from mstar.diffusion.noise import seeded_noise
+
+        channels, height, width, *later = key
+        shape = (1, channels, 1 + sum(later), height, width)  # chunks: the first, then each length
+        return self._fast_vs_plain_psnr_db(seeded_noise(shape, seed=0).to(self.device, self.dtype))
+
+    def _fast_vs_plain_psnr_db(self, latents: torch.Tensor) -> float:
+        return uint8_psnr_db(self.decode_fast_uint8(latents), self.decode_plain_uint8(latents))
+
+    def _serving_step(self, latents: torch.Tensor):
+        """The compiled step once this resolution was checked, else the eager one (and its check
+        starts in the background)."""
+        return self._uint8_step if self.checked.use_compiled(self.shape_key(latents)) else self._step_uint8
 
     def finish_warmup(self) -> None:
         """After warmup decodes: a compile from now on is a recompile (logged, counted)."""
-        self.fast.finish_warmup()
+        for step in (self._uint8_step, self._video_step):
+            if hasattr(step, "finish_warmup"):
+                step.finish_warmup()
 
     @property
     def num_recompiles(self) -> int:
-        return self.fast.num_recompiles
+        return sum(getattr(step, "num_recompiles", 0) for step in (self._uint8_step, self._video_step))
+
+    @property
+    def num_background_compiles(self) -> int:
+        return sum(
+            getattr(step, "num_background_compiles", 0) for step in (self._uint8_step, self._video_step)
+        )
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -264,10 +298,6 @@ class VaeDecodeRunner:
         # x: [1, z, 1, h, w] -> uint8 frames [f, H, W, 3]
         frames, tails = self.decoder.decode_chunk(self.decoder.post_quant_conv(x), tails)
         return to_uint8_frames(self.decoder.to_video(frames))[0], tails
-
-
-def _clip_shape(latents: torch.Tensor) -> tuple[int, ...]:
-    return tuple(latents.shape)
 
 
 def _start_host_copy(frames: torch.Tensor) -> tuple[torch.Tensor, Any]:

@@ -1,27 +1,41 @@
-"""A compiled path checked against its eager reference before it serves, per input shape.
+"""The one checked-compile wrapper: no request waits for a compile, and no miscompile serves.
 
-    decode = CheckedCompile(compiled_decode, eager_decode, "zimage vae", key=lambda z: tuple(z.shape))
-    frames = decode(latents)        # first call of a shape: both run, compared; then the winner serves
+A function compiled with static shapes (the VAE decodes: one graph per latent size) compiles on the
+first call of each new shape, and the request making that call would wait for it (16 s for a
+Z-Image decode at a size the config did not list, 35 s for a Wan clip). `CheckedCompile` keeps the
+serving path off that: a shape it has not compiled is served on the eager function at once, and
+its compile runs in a background thread (`BackgroundCompiler`) on example inputs of that shape,
+followed by a check of the compiled output against eager (`uint8_psnr_db` of the frames). The
+compiled path is swapped in for that shape only when the check passes (>= MIN_PSNR_DB); below
+that, or when the compile fails, the shape stays eager for good. Shapes the config names are
+compiled and checked inline at warmup (`warm`), before the server reports ready.
 
-The first call of each key (an input shape) runs the compiled function and the eager reference and
-compares their outputs (`uint8_psnr_db` by default, higher is closer). At or above `min_score` the
-compiled output is served and the key serves compiled from then on; below it (a miscompile) the
-reference output is served and the key serves eagerly from then on, with a warning, so wrong output
-never reaches a client. `check_first_call=False` serves unchecked keys compiled without running the
-reference (for outputs that leave in pieces while they are made): `check(...)` checks a key ahead
-(at warmup). `parts` are the CompiledFunctions behind the compiled path (warmup and recompiles).
+The background thread compiles one shape at a time and never blocks the caller: a call for a shape
+still compiling runs eagerly. Its compiles are counted apart (`CompiledFunction` asks
+`off_serving_path()`), so /metrics' recompiles stay what a request waited for. Its device work goes
+to the same CUDA device and stream as the serving thread's (one example call and one eager
+reference per new shape), so its memory is the caching allocator's shared pool, not a side stream's.
+
+`CheckedFunction` pairs a compiled function with its eager reference on one CheckedCompile, for a
+caller that wants one callable (Z-Image's decode); a caller that picks between compiled and eager
+pieces itself (Wan's chunked decode, mstar.diffusion.vae_decode) asks `use_compiled(key)`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import queue
+import threading
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 MIN_PSNR_DB = 40.0  # compiled vs eager uint8 frames: bf16 kernel differences stay far above this
+
+_thread_state = threading.local()
 
 
 def uint8_psnr_db(frames: Any, reference: Any) -> float:
@@ -30,66 +44,232 @@ def uint8_psnr_db(frames: Any, reference: Any) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
+def off_serving_path() -> bool:
+    """True inside a background compile job (its compiles are not recompiles in traffic)."""
+    return getattr(_thread_state, "off_serving_path", False)
+
+
+class BackgroundCompiler:
+    """One daemon thread running compile jobs in order; `submit` returns at once."""
+
+    def __init__(self, name: str = "mstar-compile"):
+        self.name = name
+        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._num_unfinished = 0
+        self._idle = threading.Condition(self._lock)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run `job()` on the compile thread (on this thread's CUDA device, if any)."""
+        device = _current_cuda_device()
+        with self._lock:
+            self._num_unfinished += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+        self._jobs.put(lambda: _on_device(device, job))
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until every submitted job has finished (tests, benchmarks); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._num_unfinished == 0, timeout=timeout_s)
+
+    @property
+    def busy(self) -> bool:
+        return self._num_unfinished > 0
+
+    def _run(self) -> None:
+        _thread_state.off_serving_path = True
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except Exception:  # a job reports its own failures; this keeps the thread alive
+                logger.exception("background compile job failed")
+            finally:
+                with self._idle:
+                    self._num_unfinished -= 1
+                    self._idle.notify_all()
+
+
+def _current_cuda_device() -> int | None:
+    import sys
+
+    torch = sys.modules.get("torch")  # never initialise CUDA (or import torch) just to ask
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
+
+
+def _on_device(device: int | None, job: Callable[[], None]) -> None:
+    """The current CUDA device is per thread: the compile thread takes the submitter's."""
+    if device is None:
+        job()
+        return
+    import torch
+
+    with torch.cuda.device(device):
+        job()
+
+
+_shared_compiler: BackgroundCompiler | None = None
+
+
+def shared_compiler() -> BackgroundCompiler:
+    """The process's compile thread: compiles of every node take turns on it."""
+    global _shared_compiler
+    if _shared_compiler is None:
+        _shared_compiler = BackgroundCompiler()
+    return _shared_compiler
+
+
+PENDING, COMPILED, EAGER = "pending", "compiled", "eager"
+
+
 class CheckedCompile:
+    """Which shapes of one compiled function are served compiled.
+
+        checked = CheckedCompile("zimage_vae_decode", check=compile_and_check)
+        fn = compiled if checked.use_compiled(key) else eager   # key: the call's shape, hashable
+
+    `check(key)` compiles the shape (calls the compiled function on example inputs of it) and
+    returns the PSNR (dB) of the compiled output against eager on those inputs. `use_compiled(key)`
+    is False until that ran and passed; the first call for a new key submits it to `compiler`.
+    `enabled=False` (compile mode off) serves everything eagerly and compiles nothing.
+    """
+
     def __init__(
         self,
+        name: str,
+        check: Callable[[Hashable], float],
+        enabled: bool = True,
+        compiler: BackgroundCompiler | None = None,
+        min_psnr_db: float = MIN_PSNR_DB,
+    ):
+        self.name = name
+        self.enabled = enabled
+        self.min_psnr_db = min_psnr_db
+        self.psnr_db: dict[Hashable, float] = {}  # key -> compiled vs eager at its check
+        self._check = check
+        self._compiler = compiler
+        self._states: dict[Hashable, str] = {}
+
+    @property
+    def compiler(self) -> BackgroundCompiler:
+        if self._compiler is None:
+            self._compiler = shared_compiler()
+        return self._compiler
+
+    @compiler.setter
+    def compiler(self, compiler: BackgroundCompiler) -> None:
+        self._compiler = compiler
+
+    def state(self, key: Hashable) -> str | None:
+        return self._states.get(key)
+
+    def keys(self, state: str) -> set[Hashable]:
+        """The keys in `state` (PENDING, COMPILED or EAGER)."""
+        return {key for key, value in list(self._states.items()) if value == state}
+
+    def use_compiled(self, key: Hashable) -> bool:
+        """Serve `key` compiled? A new key is served eagerly now and compiled in the background."""
+        if not self.enabled:
+            return False
+        state = self._states.get(key)
+        if state is None:
+            self._states[key] = PENDING
+            logger.info("%s: %s not compiled yet: served eagerly while it compiles in the background",
+                        self.name, key)  # fmt: skip
+            self.compiler.submit(lambda: self._compile(key, self._check))
+            return False
+        return state == COMPILED
+
+    def warm(self, key: Hashable, check: Callable[[Hashable], float] | None = None) -> float:
+        """Compile and check `key` now, on this thread (boot warmup); returns the PSNR (dB)."""
+        if not self.enabled:
+            return float("inf")
+        self._states[key] = PENDING
+        self._compile(key, check or self._check)
+        return self.psnr_db.get(key, float("-inf"))
+
+    def _compile(self, key: Hashable, check: Callable[[Hashable], float]) -> None:
+        started = time.monotonic()
+        try:
+            psnr_db = self.psnr_db[key] = float(check(key))
+        except Exception:
+            logger.exception("%s: compiling %s failed; it stays eager", self.name, key)
+            self._states[key] = EAGER
+            return
+        seconds = time.monotonic() - started
+        if psnr_db >= self.min_psnr_db:
+            self._states[key] = COMPILED
+            logger.info("%s: %s compiled in %.1f s, %.1f dB against eager: swapped in",
+                        self.name, key, seconds, psnr_db)  # fmt: skip
+            return
+        self._states[key] = EAGER
+        logger.error(
+            "%s: compiled %s disagrees with eager: PSNR %.1f dB < %.1f dB; it stays eager",
+            self.name, key, psnr_db, self.min_psnr_db,
+        )  # fmt: skip
+
+
+class CheckedFunction:
+    """A compiled function and its eager reference as one callable, served per key by CheckedCompile.
+
+        decode = CheckedFunction("zimage_vae_decode", compiled, eager, key=lambda z: tuple(z.shape[-2:]),
+                                 example=lambda key: (noise_of(key),), parts=[compiled])
+        decode.warm(latents)        # boot warmup: compile and check this key now, on this thread
+        frames = decode(latents)    # compiled once its key passed; else eager (its check starts)
+
+    `example(key)` builds the arguments a background check runs on. Checks run in inference mode,
+    as the serving threads do (the mode is per thread, and a compiled graph guards on it).
+    `parts` are the CompiledFunctions behind `compiled` (their warmup end and recompile counts).
+    """
+
+    def __init__(
+        self,
+        name: str,
         compiled: Callable[..., Any],
         eager: Callable[..., Any],
-        name: str,
         key: Callable[..., Hashable],
-        compare: Callable[[Any, Any], float] = uint8_psnr_db,
-        min_score: float = MIN_PSNR_DB,
+        example: Callable[[Hashable], tuple],
         parts: list[Any] | tuple[Any, ...] = (),
-        check_first_call: bool = True,
+        compare: Callable[[Any, Any], float] = uint8_psnr_db,
+        enabled: bool = True,
+        compiler: BackgroundCompiler | None = None,
     ):
-        self.compiled = compiled
-        self.eager = eager
-        self.name = name
-        self.key = key
-        self.compare = compare
-        self.min_score = min_score
-        self.parts = list(parts)
-        self.check_first_call = check_first_call
-        self.scores: dict[Hashable, float] = {}  # key -> compiled vs eager score
-        self.eager_keys: set[Hashable] = set()  # keys whose compiled output was wrong
-
-    def serves_compiled(self, *args: Any) -> bool:
-        return self.key(*args) not in self.eager_keys
+        self.compiled, self.eager, self.key = compiled, eager, key
+        self.example, self.compare, self.parts = example, compare, list(parts)
+        self.checked = CheckedCompile(name, self._check_key, enabled=enabled, compiler=compiler)
 
     def __call__(self, *args: Any) -> Any:
-        key = self.key(*args)
-        if key in self.eager_keys:
-            return self.eager(*args)
-        if key in self.scores or not self.check_first_call:
+        if self.checked.use_compiled(self.key(*args)):
             return self.compiled(*args)
-        return self._checked(key, args)[1]
+        return self.eager(*args)
 
-    def check(self, *args: Any) -> float:
-        """Check the key of `args` now (warmup); returns its score."""
-        key = self.key(*args)
-        if key not in self.scores:
-            self._checked(key, args)
-        return self.scores[key]
+    def warm(self, *args: Any) -> float:
+        """Compile and check the key of `args` on `args` now (warmup); the PSNR (dB)."""
+        return self.checked.warm(self.key(*args), lambda key: self._score(args))
 
-    def _checked(self, key: Hashable, args: tuple) -> tuple[float, Any]:
-        output = self.compiled(*args)
-        reference = self.eager(*args)
-        score = self.scores[key] = self.compare(output, reference)
-        if score >= self.min_score:
-            logger.info("%s: compiled output at %s matches eager (%.1f)", self.name, key, score)
-            return score, output
-        logger.warning(
-            "%s: compiled output at %s disagrees with eager (%.1f < %.1f); serving it eagerly from now on",
-            self.name, key, score, self.min_score,
-        )  # fmt: skip
-        self.eager_keys.add(key)
-        return score, reference
+    def _check_key(self, key: Hashable) -> float:
+        return self._score(self.example(key))
+
+    def _score(self, args: tuple) -> float:
+        import torch
+
+        with torch.inference_mode():
+            return float(self.compare(self.compiled(*args), self.eager(*args)))
 
     def finish_warmup(self) -> None:
-        """After the warmup shapes: a compile from now on (a new shape) is a recompile."""
+        """After the warmup keys: a compile from now on on the serving path is a recompile."""
         for part in self.parts:
             part.finish_warmup()
 
     @property
     def num_recompiles(self) -> int:
         return sum(part.num_recompiles for part in self.parts)
+
+    @property
+    def num_background_compiles(self) -> int:
+        return sum(getattr(part, "num_background_compiles", 0) for part in self.parts)

@@ -8,7 +8,8 @@
 - `off`: the eager path, the readable reference.
 
 Compiles are counted through our own dynamo backend, so a compile after warmup (a recompile in
-traffic) is logged as a warning and reported to /metrics by the worker.
+traffic) is logged as a warning and reported to /metrics by the worker. Compiles that run off the
+serving path (mstar.engine.checked_compile) are counted apart: no request waited for them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 COMPILE_MODES = ("deterministic", "default", "max-autotune", "off")
+# Graphs a static-shape function may hold (dynamo's default is 8): a VAE decode keeps one or two
+# per size users send, and past the limit dynamo would run every new size eagerly.
+MAX_STATIC_GRAPHS = 64
 # MSTAR_PERSISTENT_ROWS=0 turns off the DiT stacks' persistent-row rule (mstar.engine.inductor_choices).
 PERSISTENT_ROWS_ENV = "MSTAR_PERSISTENT_ROWS"
 _warned_no_deterministic = False
@@ -116,28 +120,36 @@ class CompiledFunction:
         extra_options: dict[str, Any] | None = None,
         persistent_rows: bool = False,
         duck_shapes: bool = True,
-        backend: Callable[..., Any] | None = None,
+        backend: Callable[..., Any] | str | None = None,
     ):
         self.name = name
         self.mode = mode
         self.extra_options = dict(extra_options or {})  # inductor config patches on top of the mode's
         # the DiT stacks' reduction rule (mstar.engine.inductor_choices); the env switch turns it off
         self.persistent_rows = persistent_rows and os.environ.get(PERSISTENT_ROWS_ENV, "1") != "0"
-        self.num_compiles = 0
+        self.num_compiles = 0  # on the calling (serving) thread
+        self.num_background_compiles = 0  # off the serving path: nobody waited
         self._num_compiles_at_warmup: int | None = None
         self._eager = fn
         self._backend = backend
         self._duck_shapes = duck_shapes or mode == "off"
         self._compiled = fn if mode == "off" else self._compile(fn, dynamic)
-        self._trace_config = None if mode == "off" else self._trace_config_patch()
+        self._trace_config = None if mode == "off" else self._trace_config_patch(dynamic)
 
-    def _trace_config_patch(self) -> Callable[[], Any]:
+    @property
+    def eager(self) -> Callable[..., Any]:
+        return self._eager
+
+    def _trace_config_patch(self, dynamic: bool) -> Callable[[], Any]:
         """What dynamo reads when it traces (inside a call); a compiled graph's guards do not
         depend on it. Built once here, not on every step's call."""
         import torch._dynamo.config as dynamo_config
         import torch.fx.experimental._config as shape_config
 
         dynamo_options = {"specialize_float": True} if hasattr(dynamo_config, "specialize_float") else {}
+        if not dynamic:
+            limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+            dynamo_options[limit] = MAX_STATIC_GRAPHS
         shape_options = {} if self._duck_shapes else {"use_duck_shape": False}
 
         @contextlib.contextmanager
@@ -161,12 +173,22 @@ class CompiledFunction:
             else:
                 options["fx_graph_cache"] = False  # this torch cannot key its cache on the heuristic
 
+        from mstar.engine.checked_compile import off_serving_path
+
+        backend = self._backend
+        if isinstance(backend, str):
+            backend = torch._dynamo.lookup_backend(backend)  # "aot_eager" etc. in tests
+
         def counting_backend(graph_module, example_inputs):
-            self.num_compiles += 1
-            if self._num_compiles_at_warmup is not None:
-                logger.warning("%s: recompiled in traffic (compile #%d)", self.name, self.num_compiles)
-            if self._backend is not None:
-                return self._backend(graph_module, example_inputs)
+            if off_serving_path():
+                self.num_background_compiles += 1
+                logger.info("%s: compiling a new shape off the serving path", self.name)
+            else:
+                self.num_compiles += 1
+                if self._num_compiles_at_warmup is not None:
+                    logger.warning("%s: recompiled in traffic (compile #%d)", self.name, self.num_compiles)
+            if backend is not None:
+                return backend(graph_module, example_inputs)
             if choices is None:
                 return compile_fx(graph_module, example_inputs, config_patches=options)
             with V.set_choices_handler(choices()):

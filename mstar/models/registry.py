@@ -54,15 +54,15 @@ def get_model_spec(name: str) -> ModelSpec:
     registered = MODELS.get(name)
     target = registered.spec if registered is not None else (name if ":" in name else None)
     if target is None:
-        raise UnknownModel(name)
+        raise UnknownModel(name, model_names())
     try:
         spec_class = _resolve(target)
     except (ImportError, AttributeError) as exc:
         if name in MODELS:
             raise
-        raise UnknownModel(name) from exc
+        raise UnknownModel(name, model_names()) from exc
     if not (isinstance(spec_class, type) and issubclass(spec_class, ModelSpec)):
-        raise UnknownModel(name)
+        raise UnknownModel(name, model_names())
     return spec_class()
 
 

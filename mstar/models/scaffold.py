@@ -33,13 +33,12 @@ def checkpoint_folder(ctx: BuildContext, model_name: str) -> str | None:
 def build_named_nodes(
     ctx: BuildContext, model_name: str, builders: dict[str, Callable[[], Node]]
 ) -> dict[str, Node]:
-    """The nodes of ctx.node_names (this worker's), each from its builder, with load progress."""
+    """The nodes of ctx.node_names (this worker's), each from its builder (each module's load
+    reports its own progress bar)."""
     nodes: dict[str, Node] = {}
-    for index, name in enumerate(ctx.node_names):
+    for name in ctx.node_names:
         if name not in builders:
             raise ValueError(f"{model_name} has no node '{name}'")
-        if ctx.progress is not None:
-            ctx.progress(f"load {name}", index, len(ctx.node_names))
         nodes[name] = builders[name]()
     return nodes
 

@@ -127,9 +127,10 @@ class Runtime:
         try:
             for index, params in enumerate(requests):
                 started = time.monotonic()
+                self._report_progress("warmup requests", index, len(requests))
                 handle = self.submit(params, request_id=f"warmup-{index}")
                 try:
-                    await handle.result()
+                    await self._follow_warmup_request(handle, f"warmup request {index + 1}")
                 except Exception as error:
                     raise RuntimeError(f"warmup request {index} ({params}) failed: {error}") from error
                 log.info(
@@ -142,6 +143,13 @@ class Runtime:
         finally:
             self._conductor.metrics = conductor_metrics
         return len(requests)
+
+    async def _follow_warmup_request(self, handle: RequestHandle, label: str) -> None:
+        """Its denoise steps feed a live bar (`label`, step, total) until it ends; raises if it failed."""
+        async for event in handle.events():
+            if isinstance(event, Progress):
+                self._report_progress(label, event.step, event.total)
+        await handle.result()
 
     async def _wait_until_up(self) -> None:
         while not (self._pool.all_up and self._pool.peers_settled):

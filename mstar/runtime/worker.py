@@ -60,7 +60,9 @@ def build_group(
     nodes = {name: built[name] for name in group.nodes}
     for name, node in nodes.items():
         node.name = node.name or name
+        progress(f"warmup {node.name}", 0, 1)  # a bar from the start: compiles can take minutes
         _timed_warmup(node)
+        progress(f"warmup {node.name}", 1, 1)
     return config, spec, nodes, owner
 
 

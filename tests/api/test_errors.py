@@ -391,3 +391,14 @@ def test_openai_style_nested_form_reference(video_server):
     )
     assert response.status_code == 200, response.text
     assert runtime.submitted[-1][1]["input_reference"].shape == (16, 16, 3)
+
+
+def test_an_unknown_model_names_the_served_one(image_server):
+    client, runtime = image_server
+    served = client.get("/v1/models").json()["data"][0]["id"]
+    for response in (
+        client.post(IMAGES, json={**VALID_IMAGE, "model": "sora-2"}),
+        client.get("/v1/models/nope"),
+    ):
+        assert response.status_code == 404
+        assert f"served: {served}" in response.json()["error"]["message"]

@@ -117,10 +117,10 @@ def test_models_card_gives_the_context_length(server):
     ("body", "param"),
     [
         ({"messages": "hi"}, "messages"),
-        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-            "messages.0.content.0",
+            "messages[0].content[0]",
         ),
         ({"messages": []}, "messages"),
         ({"max_tokens": 0}, "max_tokens"),

@@ -1,11 +1,12 @@
-"""Report format: tables from result JSON, and docs/benchmarks.md sections newest first."""
+"""Report format: tables from result JSON, and docs/benchmarks.md's per-model tables from one run's."""
 
 from __future__ import annotations
 
 import json
 
 from mstar.bench.cli import main
-from mstar.bench.report import COMPARISON_HEADER, RUNS_MARKER, comparison_rows, result_markdown
+from mstar.bench.report import result_markdown
+from mstar.bench.results_page import BEGIN_MARKER, END_MARKER, results_section
 
 ENV = {
     "date_utc": "2026-11-29 08:00 UTC",
@@ -29,6 +30,7 @@ def step_result() -> dict:
             "tflops": 500.0,
             "roofline_fraction": 0.9,
             "rel_error": 0.0123,
+            "psnr_db": 46.25,
         },
     ]
     entry = {
@@ -91,16 +93,42 @@ def test_step_table_reads_as_ratio_and_roofline():
     assert "- a note" in markdown
 
 
-def test_comparison_rows_join_step_pipeline_and_serve_by_workload():
-    rows = comparison_rows([step_result(), pipeline_result(), serve_result()])
-    assert rows[0] == (
-        "| wan-480p-cfg DiT step (deterministic, fa3) | ms | 100.00 | 175.00 | 130.00 | 1.75x | 0.90 |"
+def suite_result() -> dict:
+    summary = {
+        "steady_p50_s": 8.0,
+        "per_minute_c4": 20.0,
+        "peak_gpu_allocated_c1_gib": 25.5,
+        "new_size_first_s": 9.0,
+        "new_size_steady_p50_s": 8.0,
+        "recompiles_in_traffic": 0,
+    }
+    return {
+        "benchmark": "serve-suite",
+        "workload": "wan-480p-t2v",
+        "options": {"serve": {"kind": "video"}, "high_concurrency": 4},
+        "summary": summary,
+        "env": ENV | {"command": "mstar bench serve-suite --workload wan-480p-t2v"},
+    }
+
+
+def test_one_table_per_model_from_the_runs_results_only():
+    section = results_section([step_result(), pipeline_result(), suite_result()])
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in section.splitlines() if line.startswith("| ")}
+    assert section.startswith("## Wan2.2-TI2V-5B") and "Z-Image" not in section  # no Z-Image results given
+    assert rows["DiT ms a step, 832x480x33 (guidance pair)"].endswith("| 100.0 | 175.0 | 130.0 |")
+    parity = rows["DiT output against diffusers', 832x480x33 (guidance pair)"]
+    assert parity.endswith("| 46.2 dB, rel. error 1.2e-02 | reference | - |")
+    assert rows["DiT ms a step, 1280x704x121"].endswith("| - | - | - |")  # not in these results
+    assert rows["c=1 p50 s"].endswith("| 8.00 | 12.00 | 10.00 |")
+    assert rows["per minute at c=4 (diffusers: one at a time)"].endswith("| 20.00 | 5.00 | - |")
+    assert rows["first request at a new size / steady"].endswith(
+        "| 1.12x (9.00 s / 8.00 s) | - | 12.00x (120.00 s / 10.00 s) |"
     )
-    assert rows[1] == "| wan-480p-t2v end to end, c=1 | p50 s | 8.00 | 12.00 | 10.00 | 1.50x | - |"
-    assert rows[2].startswith(
-        "| wan-480p-t2v throughput, c=4 (diffusers: sequential) | per min | 20.00 | 5.00 |"
+    assert rows["recompiles in traffic"].endswith("| 0 | - | - |")
+    assert (
+        "- `mstar bench diffusers`: 2026-11-29 08:00 UTC, NVIDIA H200, torch 2.11.0, diffusers 0.42.1"
+        in section
     )
-    assert "4.00x" in rows[2]
 
 
 def test_serve_table_has_errors_and_memory():
@@ -109,26 +137,53 @@ def test_serve_table_has_errors_and_memory():
     assert "warmup" not in markdown
 
 
-def test_report_command_keeps_history_newest_first(tmp_path):
+def test_report_command_rewrites_the_tables_between_the_markers_only(tmp_path):
     doc = tmp_path / "benchmarks.md"
-    doc.write_text("# Benchmarks\n\nold header text\n\n| a | b |\n|---|---|\n")
+    doc.write_text(f"# Benchmarks\n\nintro\n\n{BEGIN_MARKER}\nold tables\n{END_MARKER}\n\n## Method\ntext\n")
     results = tmp_path / "results"
     results.mkdir()
     (results / "step.json").write_text(json.dumps(step_result()))
     (results / "not-a-result.json").write_text(json.dumps({"hello": 1}))
-    assert main(["report", str(results), "--doc", str(doc), "--title", "first run"]) == 0
-    (results / "serve.json").write_text(json.dumps(serve_result()))
-    assert (
-        main(["report", str(results), "--doc", str(doc), "--title", "second run", "--command", "bash x.sh"])
-        == 0
-    )
+    assert main(["report", str(results), "--doc", str(doc)]) == 0
+    (results / "suite.json").write_text(json.dumps(suite_result()))
+    assert main(["report", str(results), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert text.count(RUNS_MARKER) == 1 and text.count(COMPARISON_HEADER) == 2
-    assert text.index("## second run") < text.index("## first run")
-    assert "bash x.sh" in text and "mstar bench step" in text
-    assert "GPU NVIDIA H200, CUDA 13.0, torch 2.11.0, diffusers 0.42.1, commit abc1234" in text
-    assert "old header text" not in text
+    assert "old tables" not in text and text.count("## Wan2.2-TI2V-5B") == 1
+    assert text.startswith("# Benchmarks\n\nintro\n") and text.endswith("## Method\ntext\n")
+    assert "| c=1 p50 s | 8.00 |" in text and "mstar bench serve-suite" in text
+
+
+def test_a_page_without_markers_is_left_alone(tmp_path, capsys):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nhand-written\n")
+    (tmp_path / "step.json").write_text(json.dumps(step_result()))
+    try:
+        main(["report", str(tmp_path / "step.json"), "--doc", str(doc)])
+    except ValueError as error:
+        assert "markers" in str(error)
+    assert doc.read_text() == "# Benchmarks\n\nhand-written\n"
 
 
 def test_report_without_results_fails(tmp_path):
     assert main(["report", str(tmp_path), "--doc", str(tmp_path / "doc.md")]) == 1
+
+
+def test_the_pipelines_frames_on_one_folder_join_the_models_table():
+    rows = [
+        {"quantity": "latents", "case": "50 steps", "metric": "rel err", "ours": 1e-3, "yardstick": 2e-3},
+        {"quantity": "frames", "case": "50 steps", "metric": "PSNR dB", "ours": 41.53, "yardstick": 44.0,
+         "yardstick_how": "reference, other SDPA kernels"},
+    ]  # fmt: skip
+    parity = {
+        "benchmark": "parity",
+        "options": {"model": "z-image-turbo", "tiny": False},
+        "rows": rows,
+        "env": ENV,
+    }
+    section = results_section([parity])
+    assert section.startswith("## Z-Image-Turbo")
+    assert (
+        "| frames PSNR against diffusers', 50 steps | 41.5 dB | 44.0 dB against itself "
+        "(reference, other SDPA kernels) | - |" in section
+    )
+    assert results_section([parity | {"options": {"model": "z-image-turbo", "tiny": True}}]).startswith("_No")

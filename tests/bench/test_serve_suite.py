@@ -1,4 +1,4 @@
-"""Issue 8's serving profile (`mstar bench serve-suite`): unit checks of the scrape, PSNR and summary,
+"""Our server's serving profile (`mstar bench serve-suite`): unit checks of the scrape, PSNR and summary,
 then the whole suite against OUR server (the real API app and Runtime) serving tiny-digits."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mstar.bench.server_metrics import (
     stage_breakdown,
     stage_seconds_from_metrics,
 )
-from mstar.bench.suite_report import H200_MD_NOTE, suite_comparison_rows, suite_table
+from mstar.bench.suite_report import suite_table
 
 live = pytest.importorskip("tests.api.live")
 
@@ -167,9 +167,11 @@ def test_suite_against_tiny_digits(tmp_path):
             serve=serve, num_steady=2, high_concurrency=2, num_high=2, num_mixed=2, company_sizes=["256x256"]
         )
         options.boot_s = 1.5
+        options.new_size, options.new_size_settle_s = "256x256", 0.0  # its one size: the plumbing
         result = run_serve_suite(options, on_update=lambda r: updates.append(json.loads(json.dumps(r))))
     phases = result["phases"]
-    assert set(phases) == {"steady_c1", "c2", "mixed"}
+    assert set(phases) == {"steady_c1", "c2", "new_size_c1", "mixed"}
+    assert result["new_size_first"]["ok"] and result["new_size_first"]["size"] == "256x256"
     assert result["cold"]["ok"] and result["cold"]["index"] == 0
     for phase in phases.values():
         assert phase["errors"] == {} and phase["num_completed"] == 2
@@ -181,6 +183,9 @@ def test_suite_against_tiny_digits(tmp_path):
     assert s["boot_s"] == 1.5
     assert s["peak_gpu_allocated_c1_gib"] == 0.0  # read from the server's /metrics: no GPU here
     assert s["cold_over_steady"] == pytest.approx(s["cold_latency_s"] / s["steady_p50_s"])
+    assert s["new_size_first_over_steady"] == pytest.approx(
+        s["new_size_first_s"] / s["new_size_steady_p50_s"]
+    )
     assert s["throughput_ratio"] == pytest.approx(s["per_minute_c2"] / s["per_minute_c1"])
     assert s["recompiles_in_traffic"] == 0 and s["recompiles_in_mixed"] == 0  # scraped, none on CPU eager
     parity = result["parity"]
@@ -193,9 +198,7 @@ def test_suite_against_tiny_digits(tmp_path):
     table = suite_table(result)
     assert "| cold / steady |" in table and "| parity: alone vs with_company |" in table
     assert f"server e2e {server_ms['e2e']:.0f} (walks: " in table
-    rows = suite_comparison_rows(result | {"workload": "zimage-1024"}, [])
-    assert any("1.42†" in row for row in rows)  # H200.md's diffusers p50, marked
-    assert H200_MD_NOTE.startswith("†")
+    assert "| new size: first / steady |" in table
 
 
 def test_time_guard_skips_what_does_not_fit():
@@ -221,25 +224,6 @@ def test_peak_memory_windows_cover_only_their_phase():
         poller.start_window()  # samples 3
         poller._sample()  # 4
     assert poller.peak_gib == 9.0 and poller.window_peak_gib == 4.0
-
-
-def test_comparison_rows_take_both_diffusers_modes_measured_in_the_same_run():
-    result = {
-        "workload": "wan-480p-t2v",
-        "options": {"serve": {"kind": "video"}, "high_concurrency": 4},
-        "summary": {"steady_p50_s": 7.0, "per_minute_c1": 8.0, "per_minute_c4": 8.4},
-        "parity": {},
-    }
-    pipelines = [
-        {"workload": "wan-480p-t2v", "mode": "eager", "latency_p50_s": 14.0, "peak_memory_gib": 21.0},
-        {"workload": "wan-480p-t2v", "mode": "compiled", "latency_p50_s": 10.5},
-    ]
-    rows = suite_comparison_rows(result, pipelines)
-    (latency,) = [row for row in rows if "end to end, c=1" in row]
-    assert "| 14.00 | 10.50 | 2.00x eager, 1.50x compiled |" in latency
-    (throughput,) = [row for row in rows if "throughput, c=1 " in row]
-    assert "| 4.29 | 5.71 | 1.87x eager, 1.40x compiled |" in throughput
-    assert not any("†" in row for row in rows)  # nothing taken from H200.md
 
 
 def test_c1_stage_row_names_each_stage_and_when_media_was_ready():

@@ -50,9 +50,11 @@ def runtime(loop):
 
 def test_boot_progress_reaches_the_start_callback(runtime):
     assert runtime.ready
-    assert sorted(runtime.boot_progress) == [
+    builds = sorted(entry for entry in runtime.boot_progress if entry[0].endswith(": build"))
+    assert builds == [
         ("worker 0: build", 1, 2), ("worker 0: build", 2, 2), ("worker 1: build", 1, 2), ("worker 1: build", 2, 2)
     ]  # fmt: skip
+    assert ("worker 1: warmup denoiser", 1, 1) in runtime.boot_progress  # each node's warmup too
 
 
 def test_request_crosses_both_workers_with_tensors(loop, runtime):

@@ -24,7 +24,13 @@ def test_warmup_request_runs_every_node_before_ready_and_stays_out_of_metrics(lo
         lines = release_log.read_text().splitlines()
         assert {line.split()[1] for line in lines} >= {"encoder", "denoiser", "decoder"}
         assert {line.split()[2] for line in lines} == {"warmup-0"}
-        assert ("warmup requests", 1, 1) in labels
+        # live bars: each part reports before it starts, not only once it is done
+        warmup_bars = [entry for entry in labels if entry[0].startswith("warmup request")]
+        assert warmup_bars[0] == ("warmup requests", 0, 1) and warmup_bars[-1] == ("warmup requests", 1, 1)
+        assert ("warmup request 1", 1, 2) in warmup_bars  # its denoise steps, as they run
+        for worker, node in ((0, "encoder"), (1, "denoiser"), (0, "decoder")):
+            label = f"worker {worker}: warmup {node}"  # two workers: each bar names its worker
+            assert labels.index((label, 0, 1)) < labels.index((label, 1, 1))
         assert metrics.ends == [] and metrics.steps == []
     finally:
         run(loop, runtime.shutdown(timeout_s=2.0))

@@ -1,4 +1,4 @@
-"""A request stepped alone and the same request packed with others of other sizes (issue 8).
+"""A request stepped alone and the same request packed with others of other sizes.
 
 CPU BLAS rounds a row differently for M = 1, 2, 3, ... rows (gemv for one row), so per-item
 conditioning GEMMs with one row per item make a request depend on its batch company. Wan computes

@@ -1,4 +1,4 @@
-"""Deterministic mode (issue 8): two FRESH servers give byte-identical outputs for the same request
+"""Deterministic mode: two FRESH servers give byte-identical outputs for the same request
 and seed at c=1: tiny-digits through `mstar serve` subprocesses (PNG bytes over HTTP), tiny Z-Image
 and a tiny Wan video through two Runtime instances (fresh worker processes each)."""
 

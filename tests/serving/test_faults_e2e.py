@@ -1,6 +1,6 @@
 """Through the real HTTP server and runtime (fake numpy model): an out-of-memory step fails only
 its batch with a clear 503 and the server keeps serving; a recompile in traffic is logged as a
-warning and counted in /metrics (issue 8)."""
+warning and counted in /metrics."""
 
 from __future__ import annotations
 

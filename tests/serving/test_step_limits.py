@@ -1,4 +1,4 @@
-"""Memory sizing (issue 8): one step holds at most max_tokens_per_step tokens (x guidance labels).
+"""Memory sizing: one step holds at most max_tokens_per_step tokens (x guidance labels).
 
 The cap reaches every model's dit node; a request whose own step cost is above it is refused at
 validation in the API process (400 naming size or num_frames), since no step could ever hold it;

@@ -44,7 +44,10 @@ def _text_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, 
     from mstar.models.zimage.text_encoder import Qwen3PromptEncoder, build_qwen3
 
     folder = None if model_path is None else f"{model_path}/text_encoder"
+    progress = ctx.progress or (lambda label, done, total: None)
+    progress("loading text_encoder", 0, 1)  # transformers loads it: one bar for the whole module
     model = build_qwen3(config.text_encoder, ctx.device, dtype, path=folder)
+    progress("loading text_encoder", 1, 1)
     tokenizer_dir = None if model_path is None else f"{model_path}/tokenizer"
     # Qwen's tokenizer adds no special tokens to text; the chat markers carry the structure.
     tokenizer = load_tokenizer(
@@ -84,16 +87,18 @@ def _vae_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, d
     )
 
 
-def checked_decode(vae, compile_mode: str):
+def checked_decode(vae, compile_mode: str, compiler=None):
     """`vae.decode_frames` compiled with static shapes (one graph per latent size; 35 ms vs 86 eager
     at 1024x1024 on an H200), its GroupNorms taking their statistics by pixel blocks (compiled,
-    F.group_norm reduced each group in one long row: 27.3 ms against 35.2), and checked against
-    the eager decode at the first decode of each size (mstar.engine.checked_compile). None for
-    compile mode "off": the plain eager decode (F.group_norm)."""
+    F.group_norm reduced each group in one long row: 27.3 ms against 35.2). A size decodes compiled
+    only once its compile was checked against the eager decode (mstar.engine.checked_compile: inline
+    at warmup, off the serving path for any other size, which decodes eagerly meanwhile); a
+    miscompiled size stays eager. None for compile mode "off": the plain eager decode (F.group_norm)."""
     if compile_mode == "off":
         return None
+    from mstar.diffusion.noise import seeded_noise
     from mstar.diffusion.vae_decode import VAE_INDUCTOR_OPTIONS
-    from mstar.engine.checked_compile import CheckedCompile
+    from mstar.engine.checked_compile import CheckedFunction
     from mstar.engine.compile import CompiledFunction
 
     vae.use_pixel_block_norms()  # for good: the compiled graph guards on it, and eager then uses it too
@@ -104,7 +109,12 @@ def checked_decode(vae, compile_mode: str):
         dynamic=False,
         extra_options=VAE_INDUCTOR_OPTIONS,
     )
-    return CheckedCompile(
-        lambda latents: compiled(as_inference_tensor(latents)), vae.decode_frames, "Z-Image VAE decode",
-        key=lambda latents: tuple(latents.shape[-2:]), parts=[compiled],
+    device = next(vae.parameters()).device
+
+    def example(size: tuple[int, int]) -> tuple[torch.Tensor]:  # seeded: zeros would hide a miscompile
+        return (seeded_noise((vae.config.latent_channels, *size), seed=0, device=device),)
+
+    return CheckedFunction(
+        "zimage_vae_decode", lambda latents: compiled(as_inference_tensor(latents)), vae.decode_frames,
+        key=lambda latents: tuple(latents.shape[-2:]), example=example, parts=[compiled], compiler=compiler,
     )  # fmt: skip

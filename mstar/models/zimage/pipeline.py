@@ -61,7 +61,7 @@ def make_sampler(
 class ZImagePipeline:
     """Components (each None where this worker does not hold it): `text_encoder`
     (Qwen3PromptEncoder), `dit` (ZImageDiT) with its `attention` resource, `vae` (VAEDecoder) and
-    `decoder`: its decode as served (an mstar.engine.checked_compile.CheckedCompile when compiled,
+    `decoder`: its decode as served (an mstar.engine.checked_compile.CheckedFunction when compiled,
     None when eager)."""
 
     def __init__(
@@ -151,7 +151,11 @@ class ZImagePipeline:
         """Compile and check one size's decode on seeded random latents (zeros decode to near-flat
         frames that would hide a miscompile)."""
         h, w = self.geometry.latent_size(*self._image_size(size))
-        self.decode(seeded_noise((self.config.vae.latent_channels, h, w), seed=index, device=self.device))
+        latents = seeded_noise((self.config.vae.latent_channels, h, w), seed=index, device=self.device)
+        if self.decoder is None:
+            self.decode(latents)
+        else:
+            self.decoder.warm(latents)  # inline: a configured size never waits for the compile thread
 
     @staticmethod
     def _image_size(size) -> tuple[int, int]:

@@ -55,3 +55,33 @@ def test_one_item_gets_a_padding_row_that_no_token_reads():
     timesteps, row_index = WanDiT._timestep_rows([_item(2, 8, 12, 700.0)], [(1, 4, 6)], [24])
     assert timesteps.tolist() == [700.0, 0.0] and len(timesteps) == MIN_COMPILED_ROWS
     assert row_index.tolist() == [0] * 24
+
+
+def test_a_size_after_warmup_compiles_nothing_and_per_item_parts_run_eagerly(monkeypatch):
+    """The serving picture: warm one size, finish warmup, then sizes nobody listed. Patchify,
+    rotary tables and unpatchify run per item outside the compiled stack."""
+    torch.manual_seed(0)
+    dit = WanDiT(tiny_wan22_config().dit).eval()
+    attention = build_attention("torch", "cpu", torch.float32)
+    compiling_seen = []
+    for name in ("_grid_rotary", "_unpatchify"):
+        original = getattr(dit, name)
+        monkeypatch.setattr(
+            dit,
+            name,
+            lambda *args, _f=original: compiling_seen.append(torch.compiler.is_compiling()) or _f(*args),
+        )
+    dit.patch_embedding.register_forward_hook(lambda *_: compiling_seen.append(torch.compiler.is_compiling()))
+    with torch.inference_mode():
+        parts = compile_methods(dit, WanDiT.compiled_methods, "deterministic", "wan.dit", **SERVED_OPTIONS)
+        dit([_item(2, 8, 12)], attention)
+        dit([_item(2, 8, 12)] * 2, attention)
+        parts.finish_warmup()
+        for batch in (
+            [_item(3, 12, 16)],
+            [_item(5, 8, 8), _item(2, 16, 12, 10.0)],
+            [_item(3, 8, 8, num_clean_frames=1)],
+        ):
+            dit(batch, attention)
+    assert parts.num_recompiles == 0 and [part.num_compiles for part in parts.parts] == [1]
+    assert compiling_seen and not any(compiling_seen)

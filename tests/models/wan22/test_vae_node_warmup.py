@@ -20,7 +20,7 @@ class RecordingRunner:
         self.decoded.append(latents)
 
     def verify_fast_path(self, latents):
-        self.verified.append(tuple(latents.shape))
+        self.verified.append(latents)
         return 99.0
 
     def finish_warmup(self):
@@ -34,6 +34,8 @@ def test_warmup_verifies_clip_shapes_on_random_latents():
         WanPipeline(tiny_wan22_config(), "cpu", torch.float32, decoder=runner), warmup_sizes=sizes
     )
     node.warmup()
-    assert runner.verified == [(1, 16, 3, 4, 4)]  # the one-frame image shape takes the plain path
-    assert all(latents.abs().sum() > 0 for latents in runner.decoded)
+    # clips compiled and checked inline, before serving; images take the plain path
+    assert [tuple(latents.shape) for latents in runner.verified] == [(1, 16, 3, 4, 4)]
+    assert [tuple(latents.shape) for latents in runner.decoded] == [(1, 16, 1, 4, 4)]
+    assert all(latents.abs().sum() > 0 for latents in runner.verified + runner.decoded)
     assert runner.finished

@@ -53,3 +53,29 @@ def test_pad_rows_appends_zero_rows_up_to_the_minimum_only():
     padded = pad_rows(rows)
     assert padded.shape == (2, 3, 4) and torch.equal(padded[0], rows[0]) and not padded[1].any()
     assert pad_rows(torch.randn(3, 4)).shape == (3, 4)
+
+
+def test_a_size_after_warmup_compiles_nothing_and_per_item_parts_run_eagerly(monkeypatch):
+    """The serving picture: warm one size, finish warmup, then sizes nobody listed. Patchify,
+    rotary tables and unpatchify run per item outside the compiled stacks."""
+    dit = build_dit(TINY.dit, "cpu", torch.float32)
+    attention = build_attention("torch", "cpu", torch.float32)
+    compiling_seen = []
+    for name in ("_patchify", "_unpatchify", "_item_rope"):
+        original = getattr(dit, name)
+        monkeypatch.setattr(
+            dit,
+            name,
+            lambda *args, _f=original: compiling_seen.append(torch.compiler.is_compiling()) or _f(*args),
+        )
+    with torch.inference_mode():
+        parts = compile_methods(
+            dit, ZImageDiT.compiled_methods, "deterministic", "zimage.dit", **SERVED_OPTIONS
+        )
+        dit(_items([(12, 10, 7)]), attention)
+        dit(_items([(12, 10, 7)] * 2), attention)
+        parts.finish_warmup()
+        for sizes in ([(16, 12, 30)], [(8, 8, 20), (20, 16, 5)], [(10, 14, 9)]):
+            dit(_items(sizes), attention)
+    assert parts.num_recompiles == 0 and [part.num_compiles for part in parts.parts] == [1, 1]
+    assert compiling_seen and not any(compiling_seen)

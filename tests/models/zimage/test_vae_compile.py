@@ -1,5 +1,8 @@
-"""The VAE node's compiled decode: warmed per size, checked against eager, eager on a mismatch,
-recompiles after warmup counted (CPU, tiny config; the real compile runs in test_gpu_vae.py)."""
+"""The VAE node's compiled decode: warmed per size, checked against eager, eager on a mismatch, a
+new size served eagerly while it compiles off the serving path (CPU, tiny config; the real compile
+runs in test_gpu_vae.py)."""
+
+import threading
 
 import pytest
 import torch
@@ -7,6 +10,7 @@ import torch.nn.functional as F
 
 from mstar.config import CompileSize
 from mstar.diffusion.vae_nodes import FRAMES, LATENTS, DecodeNode
+from mstar.engine.checked_compile import COMPILED, EAGER, PENDING, BackgroundCompiler, off_serving_path
 from mstar.graph import RequestState
 from mstar.models.zimage.config import TINY
 from mstar.models.zimage.nodes import checked_decode
@@ -14,12 +18,15 @@ from mstar.models.zimage.pipeline import ZImagePipeline
 from mstar.models.zimage.vae import GroupNorm, group_norm_by_pixel_blocks
 from mstar.models.zimage.weights import build_vae_decoder
 
+HANG_GUARD_S = 60.0
 WARM_SIZE = (32, 32)  # (width, height) -> latents [16, 16, 16] with the tiny 2x VAE
 
 
-def decode_node(vae, compile_mode: str, warmup_sizes=()) -> DecodeNode:
-    """The Z-Image decode node as nodes.py builds it; `node.decode` is its checked decode."""
-    pipeline = ZImagePipeline(TINY, "cpu", vae=vae, decoder=checked_decode(vae, compile_mode))
+def decode_node(vae, compile_mode: str, warmup_sizes=(), compiler=None) -> DecodeNode:
+    """The Z-Image decode node as nodes.py builds it; `node.decode` is its checked decode (its
+    background compiles on `compiler`, the process's compile thread by default)."""
+    decoder = checked_decode(vae, compile_mode, compiler=compiler)
+    pipeline = ZImagePipeline(TINY, "cpu", vae=vae, decoder=decoder)
     node = DecodeNode(pipeline, warmup_sizes=[CompileSize(width=w, height=h) for w, h in warmup_sizes])
     node.decode = pipeline.decoder
     return node
@@ -83,8 +90,8 @@ def test_corrupted_compiled_frames_fall_back_to_eager_for_that_size(vae):
     fake = node.decode.compiled = FakeCompiled(vae, corrupt=True)
     node.warmup()
     assert fake.num_calls == 1
-    assert node.decode.eager_keys == {(16, 16)}
-    assert node.decode.scores[(16, 16)] < 40.0
+    assert node.decode.checked.keys(EAGER) == {(16, 16)}
+    assert node.decode.checked.psnr_db[(16, 16)] < 40.0
     latents = latents_for(*WARM_SIZE)
     frames = decode_request(node, latents)
     assert fake.num_calls == 1  # the size decodes eagerly now, never through the fake
@@ -92,34 +99,57 @@ def test_corrupted_compiled_frames_fall_back_to_eager_for_that_size(vae):
         assert torch.equal(frames, vae.decode_frames(latents))
 
 
-def test_first_decode_of_a_new_size_is_checked_and_never_serves_wrong_frames(vae):
-    node = decode_node(vae, "default", warmup_sizes=[WARM_SIZE])
+def test_a_new_size_is_served_eagerly_and_checked_off_the_serving_path(vae):
+    compiler = BackgroundCompiler()
+    node = decode_node(vae, "default", warmup_sizes=[WARM_SIZE], compiler=compiler)
     node.decode.compiled = FakeCompiled(vae, corrupt=False)
     node.warmup()
-    assert node.decode.scores == {(16, 16): float("inf")} and not node.decode.eager_keys
-    node.decode.compiled = FakeCompiled(vae, corrupt=True)  # a miscompile at a size not warmed
+    assert node.decode.checked.psnr_db == {(16, 16): float("inf")} and not node.decode.checked.keys(EAGER)
+    node.decode.compiled = fake = FakeCompiled(vae, corrupt=True)  # a miscompile at a size not warmed
     latents = latents_for(24, 16)
     frames = decode_request(node, latents)
     with torch.inference_mode():
         assert torch.equal(frames, vae.decode_frames(latents))
-    assert node.decode.eager_keys == {(8, 12)}
+    assert compiler.wait_idle(HANG_GUARD_S)
+    assert fake.num_calls == 1 and node.decode.checked.keys(EAGER) == {(8, 12)}  # checked once, off the path
+    assert torch.equal(decode_request(node, latents), frames)  # and never served
+    assert fake.num_calls == 1
 
 
-def test_compiles_after_warmup_count_as_recompiles(vae, monkeypatch):
-    # Dynamo for real, inductor replaced by the traced graph run eagerly (inductor's C++ build is slow).
-    monkeypatch.setattr(
-        "torch._inductor.compile_fx.compile_fx", lambda graph, inputs, config_patches=None: graph.forward
-    )
-    node = decode_node(vae, "default", warmup_sizes=[WARM_SIZE])
+class GatedCompile:
+    """compile_fx replaced by the traced graph run eagerly (inductor's C++ build is slow); a compile
+    on the compile thread waits for `gate`."""
+
+    def __init__(self):
+        self.gate, self.blocked = threading.Event(), threading.Event()
+
+    def __call__(self, graph, inputs, config_patches=None):
+        if off_serving_path():
+            self.blocked.set()
+            assert self.gate.wait(HANG_GUARD_S)
+        return graph.forward
+
+
+def test_a_new_size_waits_for_no_compile_and_is_swapped_in_after(vae, monkeypatch):
+    gated = GatedCompile()
+    monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", gated)
+    compiler = BackgroundCompiler()
+    node = decode_node(vae, "default", warmup_sizes=[WARM_SIZE], compiler=compiler)
     node.warmup()
     (compiled,) = node.decode.parts
     assert compiled.num_compiles == 1 and node.num_recompiles() == 0
-    assert node.decode.scores[(16, 16)] >= 40.0
+    assert node.decode.checked.psnr_db[(16, 16)] >= 40.0
     decode_request(node, latents_for(*WARM_SIZE).to(torch.bfloat16))  # cast to float32: same graph
     assert node.num_recompiles() == 0
-    decode_request(node, latents_for(24, 16))
-    assert node.num_recompiles() == 1
-    assert set(node.decode.scores) == {(16, 16), (8, 12)}
+    latents = latents_for(24, 16)
+    frames = decode_request(node, latents)  # done while its size's compile is blocked
+    assert gated.blocked.wait(HANG_GUARD_S) and node.decode.checked.state((8, 12)) == PENDING
+    gated.gate.set()
+    assert compiler.wait_idle(HANG_GUARD_S)
+    assert node.decode.checked.state((8, 12)) == COMPILED and node.decode.checked.psnr_db[(8, 12)] >= 40.0
+    assert torch.equal(decode_request(node, latents), frames)  # now compiled: same frames here
+    assert (compiled.num_compiles, compiled.num_background_compiles, node.num_recompiles()) == (1, 1, 0)
+    assert node.decode.num_background_compiles == 1
 
 
 def test_latents_reach_the_compiled_decode_as_contiguous_inference_tensors():
