@@ -35,7 +35,7 @@ phase=${1:?usage: bash bench/h200.sh baseline|step|parity|serve|all [wan|zimage]
 model=${2:-}
 
 server_deps() {  # the server's pure-Python requirements, pinned as this machine's environment has them
-  "$PYTHON" -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|uvloop|httptools|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click|opentelemetry.api)=='
+  "$PYTHON" -m pip freeze | grep -iE '^(fastapi|starlette|uvicorn|uvloop|httptools|h11|msgspec|pyzmq|python-multipart|prometheus.client|pydantic|pydantic.core|annotated-types|typing-inspection|anyio|sniffio|httpx|httpcore|typing.extensions|idna|certifi|click|opentelemetry.api|annotated.doc)=='
 }
 
 if [ "$phase" = wheels ]; then

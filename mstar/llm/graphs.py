@@ -76,6 +76,7 @@ class DecodeGraphs:
             logits = self.model.logits(self.model(input_ids, positions, self.attention))
         return graph, input_ids, positions, logits
 
+    @torch.inference_mode()  # the static buffers were made under inference mode at capture
     def run(self, layout: PagedLayout, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Replay the smallest graph that holds the step; float32 logits [size, V] (the first
         layout.num_segments rows are the step's; the rest are padding). Inputs are on the device."""

@@ -79,8 +79,11 @@ def test_logits_match_transformers(name):
     theirs_errors = [relative_error(theirs[row], expected[row]) for row in range(DECODES + 1)]
     print(f"{name}: logits relative error against fp32 transformers, ours {max(errors):.3g}, "
           f"transformers bf16 {max(theirs_errors):.3g} ({attention.backend_name})")  # fmt: skip
+    # bf16 against fp32 is ~1.7e-2 for transformers itself at these sizes: ours must stay at that
+    # scale (a wrong mask, rotary or cache page is O(1)).
+    max_error = max(1e-2, 1.5 * max(theirs_errors))
     for row, error in enumerate(errors):  # the prompt's last position, then each decode step
-        assert error <= 1e-2, f"{name}: position {PROMPT - 1 + row}: relative error {error:.3g}"
+        assert error <= max_error, f"{name}: position {PROMPT - 1 + row}: relative error {error:.3g}"
     assert attention.backend_name in ("flashinfer", "fa3", "torch")
 
 
