@@ -13,9 +13,9 @@ import time
 
 import torch
 
+from mstar.models.text_fallback import load_tokenizer
 from mstar.models.zimage.config import REAL
-from mstar.models.zimage.nodes import load_tokenizer
-from mstar.models.zimage.text_encoder import PromptEncoder, build_qwen3
+from mstar.models.zimage.text_encoder import Qwen3PromptEncoder, build_qwen3
 
 PROMPT = "a red fox running through fresh snow at dawn"
 GAP_S = 0.3
@@ -53,9 +53,9 @@ def forward_ms(encoder, gap) -> tuple[float, float]:
 
 
 model = build_qwen3(REAL.text_encoder, "cuda", torch.bfloat16)
-tokenizer = load_tokenizer(None, REAL)
-encoder = PromptEncoder(model, tokenizer, "cuda", REAL.max_sequence_length)
-graphed = PromptEncoder(model, tokenizer, "cuda", REAL.max_sequence_length, cuda_graphs=True)
+tokenizer = load_tokenizer(None, REAL.text_encoder["vocab_size"], REAL.max_sequence_length, add_eos=False)
+encoder = Qwen3PromptEncoder(model, tokenizer, "cuda", REAL.max_sequence_length)
+graphed = Qwen3PromptEncoder(model, tokenizer, "cuda", REAL.max_sequence_length, cuda_graphs=True)
 started = time.perf_counter()
 graphed.warmup()
 print(f"attn implementation: {model.config._attn_implementation}; graphs captured in "

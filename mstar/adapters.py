@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from mstar.errors import InvalidParam
+from mstar.params import LoraChoice
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_LORA_SCALE = 10.0  # |scale| at most this; diffusers takes any float, past ~2 outputs degrade
@@ -59,13 +58,6 @@ IGNORED_SUFFIXES = (".dora_scale",)  # diffusers drops DoRA magnitudes too (with
 
 class AdapterFileError(ValueError):
     """An adapter file that cannot be used: unreadable, not a LoRA, or keys we do not apply."""
-
-
-class LoraChoice(msgspec.Struct, frozen=True):
-    """One adapter a request names, with the scale its update is multiplied by."""
-
-    name: str
-    scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -315,8 +307,3 @@ def _check_scale(field: str, scale: Any) -> None:
         raise InvalidParam(field, f"must be a finite number, got {scale!r}")
     if abs(scale) > MAX_LORA_SCALE:
         raise InvalidParam(field, f"must be in [-{MAX_LORA_SCALE:g}, {MAX_LORA_SCALE:g}], got {scale}")
-
-
-def lora_choices(value: Any) -> tuple[LoraChoice, ...]:
-    """A request's adapters from its validated params (as they travel: Structs or plain maps)."""
-    return tuple(msgspec.convert(value or (), tuple[LoraChoice, ...]))

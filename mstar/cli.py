@@ -261,15 +261,15 @@ def _check_output_path(path: Path, output_kind: str) -> None:
         raise InvalidParam("output", f"this model makes {output_kind}s: use one of {sorted(suffixes)}")
 
 
-def _encode_output(frames: Any, path: Path, output_kind: str, params: dict[str, Any]) -> bytes:
+def _encode_output(frames: Any, path: Path, output_kind: str, params: Any) -> bytes:
     from mstar.api.media import encode_image, encode_mp4
 
     if output_kind == "video":
-        return encode_mp4(frames, int(params.get("fps") or 16))
+        return encode_mp4(frames, int(getattr(params, "fps", 0) or 16))
     return encode_image(frames[0], IMAGE_SUFFIXES[path.suffix.lower()])
 
 
-async def _generate(config: Any, spec: Any, params: dict[str, Any], inputs: dict | None) -> Any:
+async def _generate(config: Any, spec: Any, params: Any, inputs: dict | None) -> Any:
     from mstar.runtime.events import Done, Failed, Progress
     from mstar.runtime.runtime import Runtime
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
 SIZE_PATTERN = re.compile(r"^\d+x\d+(x\d+)?$")
@@ -18,6 +18,34 @@ def check_device(value: str) -> str:
     if not DEVICE_PATTERN.match(value):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got '{value}'")
     return value
+
+
+class CompileSize(BaseModel):
+    """One `compile_sizes` entry, written 'WxH' or 'WxHxFRAMES' in the YAML and parsed here once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    written_as_text: ClassVar[bool] = True  # a flag takes it as the YAML does: --compile-sizes 832x480
+    width: int = Field(gt=0)
+    height: int = Field(gt=0)
+    num_frames: int | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if not SIZE_PATTERN.match(value):
+            raise ValueError(f"compile_sizes entries are 'WxH' or 'WxHxFRAMES', got '{value}'")
+        width, height, *frames = (int(part) for part in value.split("x"))
+        return {"width": width, "height": height, "num_frames": frames[0] if frames else None}
+
+    @model_serializer
+    def _as_text(self) -> str:
+        return str(self)
+
+    def __str__(self) -> str:
+        frames = "" if self.num_frames is None else f"x{self.num_frames}"
+        return f"{self.width}x{self.height}{frames}"
 
 
 class NodeGroup(BaseModel):
@@ -125,7 +153,7 @@ class ServerConfig(BaseModel):
         description="torch.compile mode; deterministic: kernel choices by rule, so one seed gives one "
         "output on every process",
     )
-    compile_sizes: list[str] = Field(
+    compile_sizes: list[CompileSize] = Field(
         [],
         description="sizes compiled at warmup, 'WxH' or 'WxHxFRAMES' (the model's default size if none); "
         "other sizes run at once uncompiled while theirs compiles in the background",
@@ -217,14 +245,6 @@ class ServerConfig(BaseModel):
     @classmethod
     def _check_device(cls, value: str) -> str:
         return check_device(value)
-
-    @field_validator("compile_sizes")
-    @classmethod
-    def _check_sizes(cls, sizes: list[str]) -> list[str]:
-        for size in sizes:
-            if not SIZE_PATTERN.match(size):
-                raise ValueError(f"compile_sizes entries are 'WxH' or 'WxHxFRAMES', got '{size}'")
-        return sizes
 
     @field_validator("allowed_hosts")
     @classmethod

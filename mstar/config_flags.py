@@ -62,6 +62,12 @@ def _argument_options(name: str, annotation: Any) -> dict[str, Any]:
         return {"type": annotation, "metavar": name.upper()}
     if origin is list and len(args) == 1 and args[0] in SCALARS:
         return {"action": _ExtendSplit, "type_of_item": args[0], "metavar": "VALUE[,VALUE...]"}
+    if origin is list and len(args) == 1 and getattr(args[0], "written_as_text", False):
+        return {
+            "action": _ExtendSplit,
+            "type_of_item": str,
+            "metavar": "VALUE[,VALUE...]",
+        }  # the schema parses
     return {"type": _json_value, "metavar": "JSON"}
 
 

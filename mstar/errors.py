@@ -1,6 +1,11 @@
 """Errors every layer may raise; the API maps them to HTTP statuses."""
 
 from collections.abc import Sequence
+from typing import Literal, get_args
+
+# How a request can fail inside the runtime; the API maps each to its status.
+FailureKind = Literal["error", "aborted", "shutdown", "timeout", "worker_died", "out_of_memory"]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 
 
 class InvalidParam(ValueError):
@@ -31,9 +36,9 @@ class Overloaded(RuntimeError):
 
 class RequestFailed(RuntimeError):
     """A request failed inside the runtime. The client sees a generic message; the log has details.
-    `kind` is one of "error", "aborted", "shutdown", "timeout", "worker_died", "out_of_memory"."""
+    `kind` says how (FailureKind)."""
 
-    def __init__(self, message: str = "request failed", kind: str = "error"):
+    def __init__(self, message: str = "request failed", kind: FailureKind = "error"):
         super().__init__(message)
         self.message = message
         self.kind = kind

@@ -11,7 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from mstar.params import LoraChoice, RequestParams
+
+if TYPE_CHECKING:
+    from mstar.adapters import LoraKeyRules
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class RequestState:
     dropped when the request ends for any reason."""
 
     request_id: str
-    params: dict[str, Any]
+    params: RequestParams  # the spec's params_type
     tensors: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     # Set by the runtime while the request is in the last stage of its final walk, else None:
@@ -148,49 +153,59 @@ class GenerationParams:
     guidance_scale: float | None = None
     seed: int | None = None
     has_input_reference: bool = False
-    lora: tuple[Any, ...] = ()  # mstar.adapters.LoraChoice: the adapters the request names
+    lora: tuple[LoraChoice, ...] = ()  # the adapters the request names
+
+
+# Labels: the streams of one request in a packed step (its conditioned pass, and the unconditioned
+# one of classifier-free guidance); a family's geometry says which a request has.
+COND, UNCOND = "cond", "uncond"
+
+# The media a request ends in: what the API encodes the final walk's output as.
+OutputKind = Literal["image", "video", "video+audio", "text"]
 
 
 class ModelSpec(ABC):
     """A model as the runtime and API see it. Light: no torch at import; nodes are built by
-    `build_nodes` inside the worker. `validate` raises mstar.errors.InvalidParam naming the field."""
+    `build_nodes` inside the worker. `validate` raises mstar.errors.InvalidParam naming the field
+    and returns the family's params (`params_type`, a frozen msgspec Struct: mstar.params)."""
 
     name: str
     task: str  # "text-to-image" | "text-to-video" | "image-to-video"
-    output_kind: str  # "image" | "video"
+    output_kind: OutputKind
+    params_type: type[RequestParams]
     walks: dict[str, Walk]
     node_names: tuple[str, ...]
     # The final walk leaves this tensor: uint8 frames [num_frames, height, width, 3].
     output_tensor: str = "frames"
     # Whether its text encoder can stream its weights from host memory (config offload_text_encoder)
     streams_text_encoder: bool = False
-    # The family's LoRA key layouts (mstar.adapters.LoraKeyRules); None: requests name no adapters
-    lora_keys: Any = None
+    # The family's LoRA key layouts (its lora_keys.py); None: requests name no adapters
+    lora_keys: LoraKeyRules | None = None
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:
         """Defaults and limits, shown in /v1/models."""
 
     @abstractmethod
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
-        """Resolve defaults and check limits; returns JSON-able params for the nodes."""
+    def validate(self, params: GenerationParams) -> RequestParams:
+        """Resolve defaults and check limits; returns the family's params for the nodes."""
 
     @abstractmethod
-    def first_walk(self, params: dict[str, Any]) -> str: ...
+    def first_walk(self, params: RequestParams) -> str: ...
 
     @abstractmethod
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: RequestParams, finished: str) -> str | None:
         """The walk after `finished`, or None when the request is done."""
 
     @abstractmethod
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]: ...
 
-    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+    def warmup_requests(self, config: Any) -> list[RequestParams]:
         """Validated params the runtime sends through the whole walk at boot, before /ready, so no
         first request pays a first call (one per configured size); none by default."""
         return []
 
-    def step_tokens(self, params: dict[str, Any]) -> int | None:
+    def step_tokens(self, params: RequestParams) -> int | None:
         """The most a validated request can add to one denoise step (tokens times guidance labels),
         the unit of `max_tokens_per_step`; None when the model has no token-costed loop. The API
         refuses a request above the cap at validation: no step could ever hold it."""

@@ -42,7 +42,7 @@ class TinyFolder:
         return TinyFolder(self.path, family, self.reference, self.nodes)
 
     def encode_ours(self, prompt: str) -> Any:
-        return self.nodes["text_encoder"].encoder.encode([prompt])[0]
+        return self.nodes["text_encoder"].pipeline.text_encoder.encode([prompt])[0]
 
     def encode_reference(self, prompt: str) -> Any:
         return self.family.encode_reference(self.reference, prompt)

@@ -90,7 +90,7 @@ def test_flags_override_the_yaml_and_the_positional_model_wins(tmp_path, monkeyp
     )
     config = cli.load_server_config(args)
     assert (config.model, config.port, config.workspace_mb) == ("z-image-turbo", 9002, 64)
-    assert config.warmup is True and config.compile_sizes == ["1024x1024"]
+    assert config.warmup is True and [str(size) for size in config.compile_sizes] == ["1024x1024"]
 
 
 def test_the_api_key_flag_beats_the_environment(monkeypatch):

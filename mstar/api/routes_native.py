@@ -51,7 +51,7 @@ async def _output(generator: Generator, item: Submitted, output_format: str, on_
         "width": int(width),
         "height": int(height),
         "num_frames": int(num_frames),
-        "seed": item.params.get("seed"),
+        "seed": item.params.seed,
         "data": base64.b64encode(data).decode("ascii"),
     }
 

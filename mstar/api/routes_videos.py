@@ -8,7 +8,6 @@ clip's frames in pieces (Wan's VAE, chunk by chunk) has most of the clip encoded
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -26,21 +25,18 @@ from mstar.api.service import Generator, ProgressCallback, Submitted
 from mstar.api.state import ServerState, server_state
 from mstar.api.store import FINISHED, VideoJob
 from mstar.errors import InvalidParam
+from mstar.params import VideoParams
 
 logger = logging.getLogger("mstar.api")
 router = APIRouter()
 
+# The `openai-poll-after-ms` hint, one rule for every client, from the job's own progress: while it
+# denoises at a known pace, half its estimated time to the last step (so a poll lands near the end
+# without many polls before it); the floor while no pace is known yet (fewer than two steps seen:
+# a client that keeps its first hint, as the OpenAI SDK's poll helper does, then polls often rather
+# than every 500 ms) and once the steps are done (decode and mux report no progress of their own).
 MAX_POLL_AFTER_MS = 500
-MIN_POLL_AFTER_MS = 100  # while denoising, and decoding with no estimate of its end
-DUE_POLL_AFTER_MS = 50  # a job past its estimated end
-# A status poll of a job whose steps are done (decoding and muxing) and whose estimated end is at
-# most HOLD_WITHIN_MS off is answered when the job ends, or after MAX_POLL_HOLD_MS: the poll sees the
-# end as it happens, not up to one poll interval later. The 50 ms between them absorb a late end.
-MAX_POLL_HOLD_MS = 250
-HOLD_WITHIN_MS = 200
-# ... so a decoding job is told to come back this long before its estimated end: early costs nothing
-# (the poll is held), late costs the lateness.
-FINISH_LEAD_MS = 50
+MIN_POLL_AFTER_MS = 100
 DEFAULT_FPS = 16
 
 
@@ -67,68 +63,24 @@ async def read_reference(reference: Any) -> Any:
     return await asyncio.to_thread(decode_image, data)
 
 
-def _describe(body: VideoCreateRequest, params: dict[str, Any]) -> tuple[str, str]:
+def _describe(body: VideoCreateRequest, params: VideoParams) -> tuple[str, str]:
     """The job's `size` and `seconds` strings from the resolved params (the model's defaults filled in)."""
-    width, height = params.get("width"), params.get("height")
+    width, height = params.width, params.height
     size = f"{width}x{height}" if width and height else (body.size or "")
     if body.seconds is not None:
         return size, body.seconds
-    num_frames, fps = params.get("num_frames"), params.get("fps")
+    num_frames, fps = params.num_frames, params.fps
     seconds = f"{num_frames / fps:g}" if num_frames and fps else ""
     return size, seconds
 
 
-def poll_after_ms(job: VideoJob, finish_after_steps_s: float | None = None, now: float | None = None) -> int:
-    """The `openai-poll-after-ms` hint, between 100 and 500 ms while the job denoises: half its
-    estimated time left, from its steps' pace plus `finish_after_steps_s` (the last job of its shape's
-    decode and mux, when known). Once every step is done, when it should end (see _after_steps_ms)."""
-    now = time.monotonic() if now is None else now
-    if job.num_steps and job.num_steps_done >= job.num_steps:
-        return _after_steps_ms(job, finish_after_steps_s, now)
-    if job.num_steps_done < 2 or job.first_step_at is None or job.last_step_at is None:
-        return MAX_POLL_AFTER_MS  # no pace yet (the first step's time includes the prompt's)
-    step_s = (job.last_step_at - job.first_step_at) / (job.num_steps_done - 1)
-    left_ms = 1000 * (step_s * (job.num_steps - job.num_steps_done) + (finish_after_steps_s or 0.0))
-    return round(min(MAX_POLL_AFTER_MS, max(MIN_POLL_AFTER_MS, left_ms / 2)))
-
-
-def _after_steps_ms(job: VideoJob, finish_after_steps_s: float | None, now: float) -> int:
-    """Decoding and muxing. With the time the last job of its shape took from its last step to its MP4,
-    the hint is a little before this one should be ready (its poll is held until the end); once it
-    is due, polls every 50 ms. Without that time, every 100 ms."""
-    left_s = _left_after_steps_s(job, finish_after_steps_s, now)
-    if left_s is None:
+def poll_after_ms(job: VideoJob) -> int:
+    """The poll hint of a job that has not finished (the rule above MAX_POLL_AFTER_MS)."""
+    if job.num_steps_done < 2 or job.num_steps_done >= job.num_steps:
         return MIN_POLL_AFTER_MS
-    left_ms = 1000 * left_s - FINISH_LEAD_MS
-    return round(min(MAX_POLL_AFTER_MS, max(DUE_POLL_AFTER_MS, left_ms)))
-
-
-def _left_after_steps_s(job: VideoJob, finish_after_steps_s: float | None, now: float) -> float | None:
-    """Seconds to the estimated end of a job whose steps are done (negative once late), from the time
-    the last job of its shape took from its last step to its MP4; None without either time."""
-    if finish_after_steps_s is None or job.steps_done_at is None:
-        return None
-    return finish_after_steps_s - (now - job.steps_done_at)
-
-
-def poll_hold_s(job: VideoJob, finish_after_steps_s: float | None, now: float) -> float:
-    """How long a status poll waits for the job to end (or be deleted): MAX_POLL_HOLD_MS once its
-    steps are done and its estimated end is at most HOLD_WITHIN_MS off (or past, or unknown), else 0.
-    A poll answered at the end saves the client up to one poll interval (the official SDK's helper
-    polls every 100 ms at best). Polls further from the end are answered at once: held ones would
-    come back in step with the hold, and one that timed out just before the end would leave the
-    client a whole poll interval behind it."""
-    if job.status in FINISHED or job.steps_done_at is None:
-        return 0.0
-    left_s = _left_after_steps_s(job, finish_after_steps_s, now)
-    if left_s is not None and left_s > HOLD_WITHIN_MS / 1000:
-        return 0.0
-    return MAX_POLL_HOLD_MS / 1000
-
-
-async def hold_until_ended(job: VideoJob, hold_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(job.ended.wait(), hold_s)
+    step_s = (job.last_step_at - job.first_step_at) / (job.num_steps_done - 1)
+    left_ms = 1000 * step_s * (job.num_steps - job.num_steps_done)
+    return round(min(MAX_POLL_AFTER_MS, max(MIN_POLL_AFTER_MS, left_ms / 2)))
 
 
 @dataclass
@@ -163,7 +115,7 @@ async def mux_video(
 ) -> tuple[bytes, Mp4Writer]:
     """Follow a video request to its MP4 (and the writer, which knows the frames' count and size).
     Frames the model sends in pieces are muxed as they come, in a thread; whole frames at the end."""
-    writer = Mp4Writer(int(submitted.params.get("fps") or DEFAULT_FPS))
+    writer = Mp4Writer(int(getattr(submitted.params, "fps", 0) or DEFAULT_FPS))
     timeline = timeline or MuxTimeline(time.perf_counter())
 
     async def on_piece(frames: Any) -> None:  # a clip's frames as its chunks decode: mux them now
@@ -196,7 +148,6 @@ async def run_job(state: ServerState, job: VideoJob, submitted: Submitted, arriv
         job.first_step_at = job.first_step_at or now
         job.last_step_at = now
         if step >= total:
-            job.steps_done_at = now
             timeline.steps_done = time.perf_counter()
 
     try:
@@ -239,37 +190,15 @@ async def create_video(request: Request) -> JSONResponse:
         request_id=submitted.handle.request_id,
     )
     job.task = asyncio.create_task(run_job(state, job, submitted, arrived))
-    hint_ms = poll_after_ms(job, state.jobs.finish_after_steps_s(job))
-    return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(hint_ms)})
+    return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(poll_after_ms(job))})
 
 
 @router.get("/v1/videos/{video_id}")
 async def retrieve_video(video_id: str, request: Request) -> JSONResponse:
-    jobs = server_state(request).jobs
-    job = jobs.get(video_id)
-    hold_s = poll_hold_s(job, jobs.finish_after_steps_s(job), time.monotonic())
-    if hold_s > 0:
-        await hold_until_ended(job, hold_s)
-        job = jobs.get(video_id)  # again: a job deleted while the poll was held is gone (404)
+    job = server_state(request).jobs.get(video_id)
     if job.status in FINISHED:
         return JSONResponse(job.to_json())
-    if locks_first_poll_hint(request):
-        hint_ms = MIN_POLL_AFTER_MS
-    else:
-        hint_ms = poll_after_ms(job, jobs.finish_after_steps_s(job))  # read again: a held poll waited
-    return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(hint_ms)})
-
-
-def locks_first_poll_hint(request: Request) -> bool:
-    """The official SDK's poll helper (`videos.poll`, `create_and_poll`) reads the hint of its first
-    poll only and waits that long between all later polls. That first poll comes before any step's
-    pace is known, so a paced hint would be the 500 ms ceiling for the whole job: 250 ms late on
-    average. It gets the 100 ms floor instead. The helper marks its polls with this header, and
-    a second one when its caller chose the interval (then no hint is read)."""
-    headers = request.headers
-    return (
-        headers.get("x-stainless-poll-helper") == "true" and "x-stainless-custom-poll-interval" not in headers
-    )
+    return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(poll_after_ms(job))})
 
 
 @router.get("/v1/videos/{video_id}/content")

@@ -13,9 +13,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from mstar.adapters import MAX_LORA_SCALE, LoraChoice
+from mstar.adapters import MAX_LORA_SCALE
 from mstar.errors import InvalidParam
 from mstar.graph import GenerationParams
+from mstar.params import LoraChoice
 
 SIZE_PATTERN = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 MAX_PROMPT_CHARS = 100_000  # a coarse guard; the model's token limit is checked by spec.validate

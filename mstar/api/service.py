@@ -14,11 +14,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from mstar.adapters import LoraCatalog, check_lora_choices
 from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError
 from mstar.api.metrics import PrometheusMetrics
-from mstar.errors import InvalidParam, Overloaded, UnknownModel
+from mstar.errors import FailureKind, InvalidParam, Overloaded, UnknownModel
 from mstar.graph import GenerationParams, ModelSpec
+from mstar.params import LoraChoice, RequestParams
 from mstar.runtime.events import Done, Failed, Piece, Progress
 
 logger = logging.getLogger("mstar.api")
@@ -30,10 +33,10 @@ PieceCallback = Callable[[Any], Awaitable[None]]  # awaited per piece, in order
 @dataclass
 class Submitted:
     handle: Any
-    params: dict[str, Any]
+    params: RequestParams
 
 
-def failure_error(kind: str, message: str) -> ApiError:
+def failure_error(kind: FailureKind, message: str) -> ApiError:
     """A runtime failure as the client sees it: no internal details (they are logged)."""
     logger.error("request failed (%s): %s", kind, message)
     if kind == "timeout":
@@ -67,17 +70,18 @@ def failure_error(kind: str, message: str) -> ApiError:
     return ApiError(500, GENERIC_INTERNAL_MESSAGE, type="server_error", code="internal_error")
 
 
-def check_step_tokens(spec: ModelSpec, params: dict[str, Any], max_tokens_per_step: int) -> None:
+def check_step_tokens(spec: ModelSpec, params: RequestParams, max_tokens_per_step: int) -> None:
     """A request larger than one whole step could never be scheduled: refuse it now (400), naming
     num_frames when the same size at one frame fits, else size."""
     num_tokens = spec.step_tokens(params)
     if num_tokens is None or num_tokens <= max_tokens_per_step:
         return
     param = "size"
-    num_frames = params.get("num_frames", 1)
-    if num_frames > 1 and (spec.step_tokens({**params, "num_frames": 1}) or 0) <= max_tokens_per_step:
+    num_frames = params.num_frames  # a token-costed request is an image or a video (ImageParams)
+    one_frame = msgspec.structs.replace(params, num_frames=1)
+    if num_frames > 1 and (spec.step_tokens(one_frame) or 0) <= max_tokens_per_step:
         param = "num_frames"
-    shape = f"{params.get('width')}x{params.get('height')}" + (f"x{num_frames}" if num_frames > 1 else "")
+    shape = f"{params.width}x{params.height}" + (f"x{num_frames}" if num_frames > 1 else "")
     raise InvalidParam(
         param,
         f"{shape} needs {num_tokens} tokens per denoise step (both guidance passes), above this "
@@ -127,14 +131,14 @@ class Generator:
                 headers={"Retry-After": "5"},
             )
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> RequestParams:
         validated = self.spec.validate(params)
         check_step_tokens(self.spec, validated, self.config.max_tokens_per_step)
         if params.lora:
-            validated["lora"] = [{"name": c.name, "scale": c.scale} for c in self._check_lora(params)]
+            validated = msgspec.structs.replace(validated, lora=self._check_lora(params))
         return validated
 
-    def _check_lora(self, params: GenerationParams) -> tuple[Any, ...]:
+    def _check_lora(self, params: GenerationParams) -> tuple[LoraChoice, ...]:
         rules = self.spec.lora_keys
         return check_lora_choices(
             params.lora,
@@ -146,7 +150,7 @@ class Generator:
         )
 
     def submit(
-        self, params: dict[str, Any], inputs: dict[str, Any] | None = None, stream_frames: bool = False
+        self, params: RequestParams, inputs: dict[str, Any] | None = None, stream_frames: bool = False
     ) -> Submitted:
         """`stream_frames`: the media tensor comes as pieces where the model sends it so (see
         `outputs`' on_piece)."""
@@ -162,7 +166,7 @@ class Generator:
 
     def submit_many(
         self,
-        many_params: list[dict[str, Any]],
+        many_params: list[RequestParams],
         inputs: dict[str, Any] | None = None,
         stream_frames: bool = False,
     ) -> list[Submitted]:

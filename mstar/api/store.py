@@ -18,7 +18,6 @@ from mstar.api.errors import ApiError
 
 MAX_FINISHED_ENTRIES = 1024
 MAX_STORED_BYTES = 2 * 1024**3
-MAX_FINISH_TIME_SHAPES = 256  # video shapes whose decode-and-mux time is kept (the oldest dropped)
 FINISHED = ("completed", "failed")
 
 
@@ -36,14 +35,11 @@ class VideoJob:
     num_steps: int = 0
     first_step_at: float | None = None  # monotonic times of the first and latest step seen
     last_step_at: float | None = None
-    steps_done_at: float | None = None  # monotonic time its last denoise step was seen
     completed_at: float | None = None
     expires_at: float | None = None
     error: dict[str, Any] | None = None
     content: bytes | None = None
     task: asyncio.Task | None = field(default=None, repr=False)
-    # Set once the job is finished or deleted: wakes the status polls held for its end.
-    ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
     def progress(self) -> int:
@@ -76,9 +72,6 @@ class JobStore:
         self.ttl_s = ttl_s
         self.clock = clock
         self._jobs: OrderedDict[str, VideoJob] = OrderedDict()
-        # (size, seconds) -> seconds the last completed job of that shape took from its last
-        # denoise step to its MP4 (decode and mux): when the next one's should be ready.
-        self._finish_after_steps_s: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     def new_job(self, **fields: Any) -> VideoJob:
         job = VideoJob(id=f"video_{secrets.token_hex(16)}", created_at=self.clock(), **fields)
@@ -89,21 +82,7 @@ class JobStore:
         job.status = status
         job.completed_at = self.clock()
         job.expires_at = job.completed_at + self.ttl_s
-        if status == "completed" and job.steps_done_at is not None:
-            self._note_finish_time(job)
         self._cap_finished()
-        job.ended.set()
-
-    def _note_finish_time(self, job: VideoJob) -> None:
-        shape = (job.size, job.seconds)
-        self._finish_after_steps_s.pop(shape, None)  # re-inserted as the newest
-        self._finish_after_steps_s[shape] = time.monotonic() - job.steps_done_at
-        if len(self._finish_after_steps_s) > MAX_FINISH_TIME_SHAPES:
-            self._finish_after_steps_s.popitem(last=False)
-
-    def finish_after_steps_s(self, job: VideoJob) -> float | None:
-        """How long the last completed job of this job's shape took from its last step to its MP4."""
-        return self._finish_after_steps_s.get((job.size, job.seconds))
 
     def get(self, job_id: str) -> VideoJob:
         self.purge_expired()
@@ -115,7 +94,6 @@ class JobStore:
     def remove(self, job_id: str) -> VideoJob:
         job = self.get(job_id)
         del self._jobs[job_id]
-        job.ended.set()
         return job
 
     def list(self, after: str | None, limit: int, order: str) -> tuple[list[VideoJob], bool]:

@@ -83,7 +83,7 @@ class TextService:
         try:
             for choice in choices:
                 choice.handle = self.runtime.submit(
-                    choice.request.to_params(),
+                    choice.request,
                     timeout_s=self.config.request_timeout_s,
                     stream_outputs=(TEXT_KEY,),
                 )

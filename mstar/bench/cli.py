@@ -20,6 +20,13 @@ POLL_INTERVAL_HELP = (
 )
 
 
+def _e2e_workloads() -> dict[str, Any]:
+    """name -> EndToEndWorkload, over every registered family's bench entry."""
+    from mstar.bench.baseline import e2e_workloads
+
+    return {name: workload for name, (_, workload) in e2e_workloads().items()}
+
+
 def _int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
@@ -39,12 +46,12 @@ def _add_output(parser: argparse.ArgumentParser, default_name: str) -> None:
 
 
 def _serve_parser(sub: Any) -> None:
-    from mstar.bench.pipelines import E2E_WORKLOADS
+    e2e_workloads = _e2e_workloads()
 
     parser = sub.add_parser("serve", help="closed- and open-loop load against an OpenAI-shaped server")
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument(
-        "--workload", choices=sorted(E2E_WORKLOADS), help="fills kind, size, frames, steps, guidance"
+        "--workload", choices=sorted(e2e_workloads), help="fills kind, size, frames, steps, guidance"
     )
     parser.add_argument("--kind", choices=["image", "video"])
     parser.add_argument("--model", help="the `model` field sent (default: none)")
@@ -70,7 +77,7 @@ def _serve_parser(sub: Any) -> None:
 
 
 def _suite_parser(sub: Any) -> None:
-    from mstar.bench.pipelines import E2E_WORKLOADS
+    e2e_workloads = _e2e_workloads()
 
     parser = sub.add_parser(
         "serve-suite",
@@ -79,7 +86,7 @@ def _suite_parser(sub: Any) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument(
         "--workload",
-        help=f"the result's name; one of {sorted(E2E_WORKLOADS)} fills kind, size, steps, guidance",
+        help=f"the result's name; one of {sorted(e2e_workloads)} fills kind, size, steps, guidance",
     )
     parser.add_argument("--kind", choices=["image", "video"])
     parser.add_argument("--model", help="the `model` field sent (default: none)")
@@ -112,9 +119,11 @@ def _suite_parser(sub: Any) -> None:
 
 
 def _llm_parser(sub: Any) -> None:
-    parser = sub.add_parser("llm", help="LLM serving (Qwen3, random weights) against transformers' generate")
+    parser = sub.add_parser("llm", help="LLM serving (random weights) against transformers' generate")
     parser.add_argument(
-        "--model", default="qwen3-0.6b", help="a registered Qwen3 size (qwen3-0.6b ... qwen3-8b)"
+        "--model",
+        default="qwen3-0.6b",
+        help="a registered text model with a bench entry (qwen3-0.6b ... qwen3-8b)",
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--concurrency", type=_int_list, default=[1, 8, 32, 128])
@@ -140,12 +149,13 @@ def _table_parser(sub: Any) -> None:
 
 
 def _step_parser(sub: Any) -> None:
-    from mstar.bench.dit_inputs import STEP_WORKLOADS
+    from mstar.bench.baseline import step_workloads
 
+    known_steps = step_workloads()
     parser = sub.add_parser("step", help="DiT ms per step: ours vs diffusers, same weights and shapes")
-    names = ",".join(n for n in STEP_WORKLOADS if not n.startswith("tiny"))
+    names = ",".join(n for n in known_steps if not n.startswith("tiny"))
     parser.add_argument(
-        "--workloads", type=_str_list, default=_str_list(names), help=f"from {list(STEP_WORKLOADS)}"
+        "--workloads", type=_str_list, default=_str_list(names), help=f"from {list(known_steps)}"
     )
     parser.add_argument("--compile-modes", type=_str_list, default=["off", "deterministic"])
     parser.add_argument("--attention-backends", type=_str_list, default=["auto"])
@@ -155,21 +165,25 @@ def _step_parser(sub: Any) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tiny", action="store_true", help="tiny configs (CPU tests)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny configs for every workload (tiny-* workloads take them anyway)",
+    )
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--skip-diffusers", action="store_true", help="ours alone (seeded init, no parity)")
     _add_output(parser, "step")
 
 
 def _diffusers_parser(sub: Any) -> None:
-    from mstar.bench.pipelines import E2E_WORKLOADS
+    e2e_workloads = _e2e_workloads()
 
     parser = sub.add_parser("diffusers", help="diffusers pipelines end to end, eager and compiled")
     parser.add_argument(
         "--workloads",
         type=_str_list,
         default=["wan-480p-t2v", "zimage-1024"],
-        help=f"from {list(E2E_WORKLOADS)}",
+        help=f"from {list(e2e_workloads)}",
     )
     parser.add_argument("--modes", type=_str_list, default=["eager", "compiled"])
     parser.add_argument("--num-warmup", type=int, default=1)
@@ -220,15 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve_options(args: argparse.Namespace):
-    from mstar.bench.pipelines import E2E_WORKLOADS
     from mstar.bench.serve import ServeOptions
+
+    e2e_workloads = _e2e_workloads()
 
     extra_body = json.loads(args.extra_body)
     if not isinstance(extra_body, dict):
         raise SystemExit("--extra-body must be a JSON object")
     kind, size = args.kind, args.size
-    if args.workload in E2E_WORKLOADS:
-        workload = E2E_WORKLOADS[args.workload]
+    if args.workload in e2e_workloads:
+        workload = e2e_workloads[args.workload]
         kind = kind or workload.kind
         size = size or f"{workload.width}x{workload.height}"
         fields = workload.request_fields()

@@ -165,6 +165,7 @@ def run_llm_benchmark(options: LLMOptions) -> dict[str, Any]:
         from mstar.bench.llm_baseline import run_baseline
 
         result["transformers"] = run_baseline(
+            options.model,
             config,
             options.device,
             options.concurrency,

@@ -1,8 +1,8 @@
 """transformers' batched `generate` on the same random weights: the LLM benchmark's baseline.
 
-The weights are ours (mstar.models.qwen3 seeded random weights, the same seed as the server's),
-loaded into transformers' Qwen3ForCausalLM by name; each batch is B prompts of the same length
-(no padding), greedy, exactly max_new_tokens new tokens (EOS ignored), default attention (SDPA)
+The weights are ours (the family's seeded random weights, the same seed as the server's), loaded
+into transformers' model by the family's bench entry (models/<family>/bench.py, a TextBenchEntry);
+each batch is B prompts of the same length (no padding), greedy, exactly max_new_tokens new tokens (EOS ignored), default attention (SDPA)
 and the default dynamic cache. Timed around generate (the device synchronized), after one warm-up call.
 """
 
@@ -14,32 +14,32 @@ from typing import Any
 from mstar.bench.llm_load import random_prompts
 
 
-def transformers_model(config: Any, device: str, seed: int = 0, dtype: Any = None):
-    """transformers' Qwen3ForCausalLM holding our seeded random weights (bf16 values; in `dtype`,
-    bf16 by default, on `device`)."""
+def transformers_model(model_name: str, config: Any, device: str, seed: int = 0, dtype: Any = None):
+    """The registered model's reference (its family's TextBenchEntry) holding our seeded random
+    weights, in `dtype` (bf16 by default) on `device`."""
     import torch
-    import transformers
 
-    from mstar.models.qwen3.nodes import load_qwen3
+    from mstar.models.bench_entry import TextBenchEntry
+    from mstar.models.registry import bench_entry
 
-    dtype = dtype or torch.bfloat16
-    ours = load_qwen3(config, device, torch.bfloat16, seed=seed)
-    with torch.device(device):  # not meta: the rotary buffers are computed at construction
-        model = transformers.Qwen3ForCausalLM._from_config(
-            transformers.Qwen3Config(**config.to_hf()), dtype=dtype
-        )
-    model.load_state_dict(dict(ours.state_dict()), strict=True)  # lm_head is listed even when tied
-    del ours
-    model.generation_config.eos_token_id = None
-    return model.eval()
+    entry = bench_entry(model_name)
+    if not isinstance(entry, TextBenchEntry):
+        raise ValueError(f"{model_name} has no text bench entry (models/registry.py)")
+    return entry.reference_model(config, device, seed, dtype or torch.bfloat16)
 
 
 def run_baseline(
-    config: Any, device: str, batch_sizes: list[int], prompt_tokens: int, output_tokens: int, seed: int
+    model_name: str,
+    config: Any,
+    device: str,
+    batch_sizes: list[int],
+    prompt_tokens: int,
+    output_tokens: int,
+    seed: int,
 ) -> list[dict]:
     import torch
 
-    model = transformers_model(config, device, seed)
+    model = transformers_model(model_name, config, device, seed)
     rows = []
     with torch.inference_mode():
         warm = torch.tensor(random_prompts(1, 16, config.vocab_size, seed), device=device)

@@ -5,7 +5,7 @@
     mstar bench parity z-image-turbo --device cuda
     mstar bench parity wan2.2-ti2v-5b --tiny --device cpu         # the same run on tiny configs
 
-The family's hook (mstar.bench.parity_families) builds the reference pipeline from the model's
+The family's hook (its bench entry's `parity`, found by mstar.bench.parity_families) builds the reference pipeline from the model's
 real config with random weights and a tokenizer built offline, and writes it with save_pretrained
 to a temporary folder. The reference is loaded back from that folder (a pipeline kept in memory is
 not what was written) and our nodes are built from it. For one prompt and seed it compares the
@@ -224,7 +224,7 @@ def text_rows(family: ParityFamily, reference: Any, nodes: dict[str, Any]) -> li
     with torch.inference_mode():
         for quantity, prompt in prompts.items():
             theirs = family.encode_reference(reference, prompt)
-            ours = nodes["text_encoder"].encoder.encode([prompt])[0]
+            ours = nodes["text_encoder"].pipeline.text_encoder.encode([prompt])[0]
             with eager_attention(encoder):
                 eager = family.encode_reference(reference, prompt)
             rows.append(

@@ -145,18 +145,17 @@ def profile_family(
     """Workloads of one family on one build of our DiT (one compile, the pack length dynamic)."""
     import torch
 
-    from mstar.bench import dit_inputs
-    from mstar.bench.configs import configs_for
+    from mstar.bench.baseline import step_workloads
     from mstar.bench.ours import build_ours
     from mstar.bench.step import time_forward
 
-    family = dit_inputs.STEP_WORKLOADS[names[0]].family
-    configs = configs_for(family, tiny=names[0].startswith("tiny"))
+    known = step_workloads()
+    entry, first = known[names[0]]
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    forward = build_ours(family, configs["transformer"], None, device, dtype, backend, mode)
+    forward = build_ours(entry, entry.transformer_config(first.tiny), None, device, dtype, backend, mode)
     results = []
     for name in names:
-        items = dit_inputs.make_items(dit_inputs.STEP_WORKLOADS[name], configs, device, dtype, seed=0)
+        items = entry.example_items(known[name][1], device, dtype, seed=0)
 
         def step(items=items) -> None:
             with torch.inference_mode():
@@ -309,7 +308,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from mstar.bench.dit_inputs import STEP_WORKLOADS
+    from mstar.bench.baseline import step_workloads
     from mstar.bench.env import env_info
 
     output = Path(args.output)
@@ -317,9 +316,11 @@ def main(argv: list[str]) -> int:
     gemms = gemm_table() if args.gemms else []
     if gemms:
         print(gemm_markdown(gemms), flush=True)
+    known = step_workloads()
     families: dict[str, list[str]] = {}
     for name in args.workloads.split(","):
-        families.setdefault(STEP_WORKLOADS[name].family, []).append(name)
+        entry, workload = known[name]
+        families.setdefault(f"{entry.family}-{workload.tiny}", []).append(name)
     runs: list[dict] = []
     for names in families.values():
         for mode in args.compile_modes.split(","):

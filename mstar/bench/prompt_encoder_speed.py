@@ -33,7 +33,7 @@ def measure(num_timed: int, device: str = "cuda", config: Any = None) -> list[di
     from mstar.bench.parity_tokenizers import umt5_tokenizer
     from mstar.bench.step import time_forward
     from mstar.models.wan22.config import Wan22Config
-    from mstar.models.wan22.text_encoder import PromptEncoder, build_umt5
+    from mstar.models.wan22.text_encoder import UMT5PromptEncoder, build_umt5
 
     config = config or Wan22Config()
     tokenizer = umt5_tokenizer(config.text_encoder["vocab_size"], config.max_text_tokens)
@@ -41,7 +41,9 @@ def measure(num_timed: int, device: str = "cuda", config: Any = None) -> list[di
     model = build_umt5(config.text_encoder, device, dtype)
     rows = []
     for mode in ("cuda graphs", "eager"):
-        encoder = PromptEncoder(model, tokenizer, device, config.max_text_tokens, cuda_graphs=mode != "eager")
+        encoder = UMT5PromptEncoder(
+            model, tokenizer, device, config.max_text_tokens, cuda_graphs=mode != "eager"
+        )
         encoder.warmup()
         for label, prompt in PROMPTS.items():
             num_tokens = encoder.tokenize(prompt).shape[1]

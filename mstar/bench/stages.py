@@ -31,12 +31,13 @@ def _cuda_ms(fn, num_timed: int) -> float:
 def time_text_encoder(num_timed: int) -> dict[str, Any]:
     import torch
 
+    from mstar.models.text_fallback import load_tokenizer
     from mstar.models.zimage.config import REAL
-    from mstar.models.zimage.nodes import load_tokenizer
-    from mstar.models.zimage.text_encoder import PromptEncoder, build_qwen3
+    from mstar.models.zimage.text_encoder import Qwen3PromptEncoder, build_qwen3
 
     model = build_qwen3(REAL.text_encoder, "cuda", torch.bfloat16)
-    encoder = PromptEncoder(model, load_tokenizer(None, REAL), "cuda", REAL.max_sequence_length)
+    tokenizer = load_tokenizer(None, REAL.text_encoder["vocab_size"], REAL.max_sequence_length, add_eos=False)
+    encoder = Qwen3PromptEncoder(model, tokenizer, "cuda", REAL.max_sequence_length)
     with torch.inference_mode():
         ms = _cuda_ms(lambda: encoder.encode([PROMPT]), num_timed)
         num_tokens = encoder.encode([PROMPT])[0].shape[0]
@@ -46,7 +47,7 @@ def time_text_encoder(num_timed: int) -> dict[str, Any]:
 def time_vae_paths(num_timed: int, compile_mode: str) -> dict[str, Any]:
     import torch
 
-    from mstar.diffusion.vae_decode import uint8_psnr_db
+    from mstar.engine.checked_compile import uint8_psnr_db
     from mstar.engine.compile import inductor_options
     from mstar.models.zimage.config import REAL
     from mstar.models.zimage.weights import build_vae_decoder

@@ -9,15 +9,17 @@ Without diffusers (our server run does not carry it) only ours is timed, and the
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mstar.bench import dit_inputs, flops
-from mstar.bench.configs import configs_for
+from mstar.bench.baseline import diffusers_transformer, output_psnr_db, relative_error, step_workloads
 from mstar.bench.stats import median
+from mstar.models.bench_entry import DitBenchEntry, StepWorkload
+from mstar.models.flops import FlopCount
 
 
 @dataclass
@@ -31,7 +33,7 @@ class StepOptions:
     device: str = "cuda"
     dtype: str = "bfloat16"
     seed: int = 0
-    tiny: bool = False  # tiny configs (CPU tests)
+    tiny: bool = False  # tiny configs (CPU tests); the tiny-* workloads take them either way
     skip_ours: bool = False
     skip_diffusers: bool = False  # ours alone even where diffusers is importable (no parity check)
 
@@ -74,7 +76,7 @@ def time_forward(fn: Callable[[], Any], num_warmup: int, num_timed: int, device:
     }
 
 
-def _with_roofline(run: dict[str, Any], count: flops.FlopCount) -> dict[str, Any]:
+def _with_roofline(run: dict[str, Any], count: FlopCount) -> dict[str, Any]:
     seconds = run["median_ms"] / 1000
     run["tflops"] = count.total / seconds / 1e12
     run["roofline_fraction"] = count.roofline_s() / seconds
@@ -93,25 +95,24 @@ def _free_memory() -> None:
 class _Case:
     """One workload of a family run: its inputs, counted FLOPs and result entry."""
 
-    workload: dit_inputs.StepWorkload
+    workload: StepWorkload
     items: list[dict]
-    count: flops.FlopCount
+    count: FlopCount
     entry: dict[str, Any]
     reference: list | None = None  # diffusers' eager output
 
 
-def _make_case(name: str, configs: dict[str, Any], options: StepOptions) -> _Case:
+def _make_case(
+    entry: DitBenchEntry, workload: StepWorkload, config: dict[str, Any], options: StepOptions
+) -> _Case:
     import torch
 
-    workload = dit_inputs.STEP_WORKLOADS[name]
-    segments = dit_inputs.segments(workload, configs)
-    count = flops.count_forward(dit_inputs.arch(workload.family, configs["transformer"]), segments)
-    items = dit_inputs.make_items(
-        workload, configs, options.device, getattr(torch, options.dtype), options.seed
-    )
-    entry: dict[str, Any] = {
-        "workload": name,
-        "family": workload.family,
+    segments = entry.segments(workload)
+    count = entry.count_flops(config, segments)
+    items = entry.example_items(workload, options.device, getattr(torch, options.dtype), options.seed)
+    entry_json: dict[str, Any] = {
+        "workload": workload.name,
+        "family": entry.family,
         "size": f"{workload.width}x{workload.height}x{workload.num_frames}",
         "num_items": workload.num_items,
         "num_tokens": sum(s.image_tokens for s in segments),
@@ -119,10 +120,10 @@ def _make_case(name: str, configs: dict[str, Any], options: StepOptions) -> _Cas
         "roofline_ms": count.roofline_s() * 1000,
         "runs": [],
     }
-    return _Case(workload, items, count, entry)
+    return _Case(workload, items, count, entry_json)
 
 
-def _timed_run(fn: Callable[[], Any], options: StepOptions, count: flops.FlopCount, **labels: Any) -> dict:
+def _timed_run(fn: Callable[[], Any], options: StepOptions, count: FlopCount, **labels: Any) -> dict:
     import torch
 
     on_cuda = options.device.startswith("cuda")
@@ -143,7 +144,9 @@ def _guarded(notes: list[str], label: str, fn: Callable[..., Any], *args: Any, *
         return None
 
 
-def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: StepOptions, notes: list[str]):
+def _run_diffusers(
+    entry: DitBenchEntry, config: dict, cases: list[_Case], options: StepOptions, notes: list[str]
+):
     """Times diffusers' transformer on every case in each mode; keeps its eager outputs as the
     references and returns its state dict (the weights ours gets)."""
     import torch
@@ -154,16 +157,13 @@ def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: Step
         notes.append("diffusers is not importable here: ours is timed alone, with no parity check")
         return None
     dtype = getattr(torch, options.dtype)
-    model = dit_inputs.build_diffusers_transformer(
-        family, configs["transformer"], options.device, dtype, options.seed
-    )
+    model = diffusers_transformer(entry, config, options.device, dtype, options.seed)
     with torch.inference_mode():
         for case in cases:
             case.reference = _guarded(
                 notes,
                 f"{case.workload.name}: diffusers reference",
-                dit_inputs.diffusers_forward,
-                family,
+                entry.diffusers_forward,
                 model,
                 case.items,
             )
@@ -174,7 +174,7 @@ def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: Step
             for case in cases:
 
                 def forward(target=target, case=case) -> list:
-                    return dit_inputs.diffusers_forward(family, target, case.items)
+                    return entry.diffusers_forward(target, case.items)
 
                 run = _guarded(
                     notes,
@@ -195,7 +195,7 @@ def _run_diffusers(family: str, configs: dict, cases: list[_Case], options: Step
 
 
 def _run_ours(
-    family, configs, cases: list[_Case], options: StepOptions, notes: list[str], state_dict
+    entry: DitBenchEntry, config, cases: list[_Case], options: StepOptions, notes: list[str], state_dict
 ) -> None:
     """One build of ours per (backend, compile mode), run on every case of the family: the layer
     stack compiles once with the pack length dynamic, as in serving."""
@@ -209,8 +209,8 @@ def _run_ours(
             label = f"ours ({mode}, {backend})"
             try:
                 forward = build_ours(
-                    family,
-                    configs["transformer"],
+                    entry,
+                    config,
                     state_dict,
                     options.device,
                     dtype,
@@ -219,10 +219,10 @@ def _run_ours(
                     options.seed,
                 )
             except OursUnavailable as error:
-                notes.append(f"{family}: {label} not run: {error}")
+                notes.append(f"{entry.family}: {label} not run: {error}")
                 continue
             except Exception as error:  # e.g. a state-dict key mismatch: the diffusers figures still count
-                notes.append(f"{family}: {label} failed to build: {type(error).__name__}: {error}")
+                notes.append(f"{entry.family}: {label} failed to build: {type(error).__name__}: {error}")
                 continue
             for case in cases:
                 _run_ours_case(forward, case, options, notes, label, mode=mode, attention_backend=backend)
@@ -243,33 +243,35 @@ def _run_ours_case(
         notes.append(f"{case.workload.name}: {label} failed: {type(error).__name__}: {error}")
         return
     reference = case.reference
-    run["rel_error"] = dit_inputs.relative_error(output, reference) if reference is not None else None
-    run["psnr_db"] = dit_inputs.output_psnr_db(output, reference) if reference is not None else None
+    run["rel_error"] = relative_error(output, reference) if reference is not None else None
+    run["psnr_db"] = output_psnr_db(output, reference) if reference is not None else None
     case.entry["runs"].append(run)
 
 
 def run_step_benchmark(options: StepOptions) -> dict[str, Any]:
-    """Workloads of one family share one diffusers build and one build of ours per mode."""
+    """Workloads of one family (and config size) share one diffusers build and one build of ours
+    per mode; the families are the registry's (their bench entries)."""
     notes: list[str] = []
-    families: dict[str, list[str]] = {}
+    known = step_workloads()
+    groups: dict[tuple[str, bool], tuple[DitBenchEntry, list[StepWorkload]]] = {}
     for name in options.workloads:
-        families.setdefault(dit_inputs.STEP_WORKLOADS[name].family, []).append(name)
-    entries: dict[str, dict] = {}
-    for family, names in families.items():
-        configs = configs_for(family, tiny=options.tiny)
-        cases = [_make_case(name, configs, options) for name in names]
-        state_dict = (
-            None if options.skip_diffusers else _run_diffusers(family, configs, cases, options, notes)
-        )
+        entry, workload = known[name]
+        workload = dataclasses.replace(workload, tiny=True) if options.tiny else workload
+        groups.setdefault((entry.family, workload.tiny), (entry, []))[1].append(workload)
+    results: dict[str, dict] = {}
+    for (_, tiny), (entry, workloads) in groups.items():
+        config = entry.transformer_config(tiny)
+        cases = [_make_case(entry, workload, config, options) for workload in workloads]
+        state_dict = None if options.skip_diffusers else _run_diffusers(entry, config, cases, options, notes)
         if not options.skip_ours:
-            _run_ours(family, configs, cases, options, notes, state_dict)
-        entries.update({case.workload.name: case.entry for case in cases})
+            _run_ours(entry, config, cases, options, notes, state_dict)
+        results.update({case.workload.name: case.entry for case in cases})
         del cases, state_dict
         _free_memory()
     return {
         "benchmark": "step",
         "title": "DiT ms per step",
         "options": vars(options),
-        "results": [entries[name] for name in options.workloads],
+        "results": [results[name] for name in options.workloads],
         "notes": notes,
     }

@@ -50,7 +50,7 @@ def _measure(label: str, fn, reference, num_timed: int, num_profiled: int) -> di
     import torch
 
     from mstar.bench.step import time_forward
-    from mstar.diffusion.vae_decode import uint8_psnr_db
+    from mstar.engine.checked_compile import uint8_psnr_db
 
     start = time.perf_counter()
     with torch.inference_mode():

@@ -1,32 +1,31 @@
-"""The denoise-loop node every diffusion model uses (the `Loop(...)` stage of its walks).
+"""The denoise-loop node every diffusion family uses (the `Loop(...)` stage of its walks), driving
+the family's pipeline object through the methods diffusers' pipelines name:
 
-A model supplies:
-  - a `Denoiser`: `predict(items) -> outputs`, one model output (e.g. flow velocity) per item,
-    called ONCE per step with every (request, label) of the batch: the cross-request packed step;
-  - `start(request) -> DenoiseStart`: initial latents (seeded noise), the request's sampler, its
-    guidance and token count, and any per-request conditioning the denoiser reads;
-  - `text(request, label) -> Tensor`: that label's text embeddings from `request.tensors`.
+    start = pipeline.prepare_latents(request)     # once per request, in prepare: DenoiseStart
+    outputs = pipeline.predict(items)             # once per step: every (request, label) packed
+    guided = pipeline.guide(per_label, scale)     # per request: the family's guidance rule
+    latents = pipeline.step(state, guided)        # per request: its sampler's step
+    pipeline.finish(request, state)               # after its last step: what the loop leaves
 
-    node = DenoiseNode("dit", WanDenoiser(dit, attn), start=wan_start, text=wan_text)
-    # per step the worker calls node.forward(batch); check_stop(request) is true after the last step;
-    # the final latents land in request.tensors[node.output_tensor] (or the `finish` hook's choice).
-
-With guidance each request contributes two items, labels "cond" and "uncond", combined per request
-by `combine_guidance` (default: uncond + scale * (cond - uncond), as Wan and most pipelines do), in
-the dtype the denoiser returns; the sampler gets that tensor and promotes it as diffusers does.
+A request's labels (its streams: "cond", and "uncond" under classifier-free guidance, or whatever
+set its family names) and its latents (a tensor, or several per request: video and audio) are the
+pipeline's business; the node only packs, counts and stops. Its step cost is the request's tokens
+per label times its labels (the unit of max_tokens_per_step). Boot warmup runs one and two items
+of each configured size through `predict` (`pipeline.warmup_item(size)`), then marks the compiled
+parts warm: a compile after that is a recompile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from mstar.graph import Node, RequestState
+from mstar.graph import COND, UNCOND, Node, RequestState
 
-COND, UNCOND = "cond", "uncond"
+__all__ = ["COND", "UNCOND", "DenoiseItem", "DenoiseNode", "DenoiseStart", "DenoiseState", "cfg_combine"]
 
 
 class Sampler(Protocol):
@@ -45,15 +44,15 @@ class Sampler(Protocol):
 
 @dataclass
 class DenoiseItem:
-    """One (request, label) of a packed step, as the Denoiser sees it."""
+    """One (request, label) of a packed step, as the pipeline's predict sees it."""
 
     request_id: str
-    label: str  # COND or UNCOND
-    latents: torch.Tensor  # current sample, float32, the model's latent layout (e.g. [C, F, H, W])
+    label: str
+    latents: Any  # current sample (float32, the family's latent layout; or a tuple of them)
     timestep: float  # sampler.timesteps[step_index], the model's timestep input scale
     sigma: float  # sampler.sigmas[step_index]
     step_index: int
-    text: Any  # this label's text embeddings (whatever the `text` hook returns)
+    text: Any  # this label's conditioning (DenoiseStart.texts[label])
     condition: dict[str, Any]  # DenoiseStart.condition of the request
 
 
@@ -67,34 +66,32 @@ def kept_per_label(item: DenoiseItem, key: str, compute: Callable[[], Any]) -> A
     return kept[item.label]
 
 
-class Denoiser(Protocol):
-    def predict(self, items: list[DenoiseItem]) -> list[torch.Tensor]:
-        """One output per item, shaped like item.latents, in the same order."""
-        ...
-
-
 @dataclass
 class DenoiseStart:
-    """What a request starts its loop with (built by the model's `start` hook in prepare)."""
+    """What a request starts its loop with (the pipeline's prepare_latents)."""
 
-    latents: torch.Tensor  # float32 initial sample
+    latents: Any  # initial sample
     sampler: Sampler
-    num_tokens: int  # tokens one label adds to a step (step_cost counts both labels)
+    num_tokens: int  # tokens one label adds to a step (step_cost counts every label)
+    texts: dict[str, Any]  # label -> its conditioning; the keys are the request's labels, in order
     guidance_scale: float = 1.0
-    use_guidance: bool = False  # run the "uncond" label and combine
-    condition: dict[str, Any] = field(default_factory=dict)
+    condition: dict[str, Any] = field(default_factory=dict)  # per-request state the pipeline reads
 
 
 @dataclass
 class DenoiseState:
     """request.state[node.name] while the request is in the loop."""
 
-    latents: torch.Tensor
+    latents: Any
     sampler: Sampler
     num_tokens: int
     guidance_scale: float
-    labels: tuple[str, ...]
+    texts: dict[str, Any]
     condition: dict[str, Any]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(self.texts)
 
 
 def cfg_combine(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
@@ -102,46 +99,62 @@ def cfg_combine(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch
     return uncond + scale * (cond - uncond)
 
 
+class DenoisePipeline(Protocol):
+    """A family's pipeline as DenoiseNode drives it (see the module docstring)."""
+
+    def prepare_latents(self, request: RequestState) -> DenoiseStart: ...
+
+    def predict(self, items: list[DenoiseItem]) -> list[Any]: ...
+
+    def guide(self, outputs: dict[str, Any], guidance_scale: float) -> Any: ...
+
+    def step(self, state: DenoiseState, guided: Any) -> Any: ...
+
+    def finish(self, request: RequestState, state: DenoiseState) -> None: ...
+
+    def warmup_item(self, size: Any) -> DenoiseItem: ...
+
+
+class Warmable(Protocol):
+    def finish_warmup(self) -> None: ...
+
+    @property
+    def num_recompiles(self) -> int: ...
+
+
 class DenoiseNode(Node):
-    """Loop node: per request a sampler, latents and step index; one packed predict per step."""
+    """Loop node: per request its pipeline state; one packed predict per step."""
 
     def __init__(
         self,
-        name: str,
-        denoiser: Denoiser,
-        start: Callable[[RequestState], DenoiseStart],
-        text: Callable[[RequestState, str], Any],
-        finish: Callable[[RequestState, torch.Tensor], None] | None = None,
-        output_tensor: str = "latents",
-        combine_guidance: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = cfg_combine,
+        pipeline: DenoisePipeline,
+        name: str = "dit",
+        compiled: Warmable | None = None,
+        warmup_sizes: Sequence[Any] = (),
         max_batch_size: int = 8,
         max_step_cost: int | None = None,
     ):
+        self.pipeline = pipeline
         self.name = name
-        self.denoiser = denoiser
-        self._start = start
-        self._text = text
-        self._finish = finish
-        self.output_tensor = output_tensor
-        self._combine = combine_guidance
+        self.compiled = compiled  # the DiT's compiled parts (mstar.engine.compile.CompiledParts)
+        self.warmup_sizes = list(warmup_sizes)  # config compile sizes; None is the family's default
         self.max_batch_size = max_batch_size
         self.max_step_cost = max_step_cost
 
     def prepare(self, request: RequestState) -> None:
-        start = self._start(request)
-        labels = (COND, UNCOND) if start.use_guidance else (COND,)
-        cost = start.num_tokens * len(labels)
+        start = self.pipeline.prepare_latents(request)
+        cost = start.num_tokens * len(start.texts)
         if self.max_step_cost is not None and cost > self.max_step_cost:
             # The API refuses these at validation; a step above the cap is what boot sizing excludes.
             raise ValueError(
                 f"the request needs {cost} tokens per step, above max_tokens_per_step={self.max_step_cost}"
             )
         request.state[self.name] = DenoiseState(
-            latents=start.latents.to(torch.float32),
+            latents=start.latents,
             sampler=start.sampler,
             num_tokens=start.num_tokens,
             guidance_scale=float(start.guidance_scale),
-            labels=labels,
+            texts=start.texts,
             condition=start.condition,
         )
 
@@ -164,17 +177,13 @@ class DenoiseNode(Node):
             for request, state in zip(batch, states, strict=True)
             for label in state.labels
         ]
-        outputs = iter(self.denoiser.predict(items))
+        outputs = iter(self.pipeline.predict(items))
         for request, state in zip(batch, states, strict=True):
             per_label = {label: next(outputs) for label in state.labels}
-            # In the denoiser's output dtype (bf16 for a bf16 DiT): the pipelines guide and hand the
-            # scheduler that tensor, and its rounding is part of what they compute.
-            guided = per_label[COND]
-            if UNCOND in per_label:
-                guided = self._combine(guided, per_label[UNCOND], state.guidance_scale)
-            state.latents = state.sampler.step(guided, state.latents)
+            guided = self.pipeline.guide(per_label, state.guidance_scale)
+            state.latents = self.pipeline.step(state, guided)
             if state.sampler.done:
-                self._store(request, state)
+                self.pipeline.finish(request, state)
 
     def _item(self, request: RequestState, state: DenoiseState, label: str) -> DenoiseItem:
         index = state.sampler.step_index
@@ -185,15 +194,9 @@ class DenoiseNode(Node):
             timestep=float(state.sampler.timesteps[index]),
             sigma=float(state.sampler.sigmas[index]),
             step_index=index,
-            text=self._text(request, label),
+            text=state.texts[label],
             condition=state.condition,
         )
-
-    def _store(self, request: RequestState, state: DenoiseState) -> None:
-        if self._finish is not None:
-            self._finish(request, state.latents)
-        else:
-            request.tensors[self.output_tensor] = state.latents
 
     def check_stop(self, request: RequestState) -> bool:
         state = request.state.get(self.name)
@@ -204,3 +207,15 @@ class DenoiseNode(Node):
         if state is None:
             return None
         return state.sampler.step_index, state.sampler.num_steps
+
+    def warmup(self) -> None:
+        """One item, then a pair that reuses its graph, per configured size."""
+        for size in self.warmup_sizes:
+            item = self.pipeline.warmup_item(size)
+            self.pipeline.predict([item])
+            self.pipeline.predict([item, item])
+        if self.compiled is not None:
+            self.compiled.finish_warmup()
+
+    def num_recompiles(self) -> int:
+        return 0 if self.compiled is None else self.compiled.num_recompiles

@@ -24,7 +24,7 @@ every clip length reuses them). Inductor's comprehensive padding is off for the 
 
 What serves requests (`decode_uint8`, `iter_host_uint8`) never waits for a compile: a resolution is
 decoded on the compiled step only once `verify_fast_path` compiled and checked it against the plain
-decode (>= 40 dB PSNR; mstar.engine.background_compile.CheckedCompile). Warmup does that inline for
+decode (>= 40 dB PSNR; mstar.engine.checked_compile.CheckedCompile). Warmup does that inline for
 the configured sizes; any other resolution decodes on the eager step at once while its check runs
 in the background, and stays eager if the compiled frames disagree.
 """
@@ -32,13 +32,14 @@ in the background, and stays eager if the compiled frames disagree.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+from mstar.engine.checked_compile import CheckedCompile, uint8_psnr_db
 
 logger = logging.getLogger(__name__)
 
@@ -89,12 +90,6 @@ def to_uint8_frames(video: torch.Tensor) -> torch.Tensor:
     return pixels.permute(0, 2, 3, 4, 1)
 
 
-def uint8_psnr_db(frames: torch.Tensor, reference: torch.Tensor) -> float:
-    """PSNR of uint8 frames against reference frames of the same shape (inf when equal)."""
-    mse = (frames.float() - reference.float()).pow(2).mean().item()
-    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
-
-
 def convert_to_channels_last(module: nn.Module) -> nn.Module:
     """Conv3d weights to channels_last_3d and Conv2d weights to channels_last, in place."""
     import torch
@@ -131,7 +126,6 @@ class VaeDecodeRunner:
         chunk_latent_frames: int = 1,
         compiler: Any = None,
     ):
-        from mstar.engine.background_compile import CheckedCompile
         from mstar.engine.compile import effective_mode
 
         self.decoder = decoder
@@ -222,7 +216,7 @@ class VaeDecodeRunner:
 
     def verify_fast_path(self, latents: torch.Tensor) -> float:
         """Compile the fast path at this clip's resolution now and check it: PSNR (dB) of its
-        frames against the plain eager decode of `latents`. At or above MIN_COMPILED_PSNR_DB,
+        frames against the plain eager decode of `latents`. At or above checked_compile.MIN_PSNR_DB,
         requests of that resolution decode compiled from then on; below it (a miscompile: torch
         2.11 gave 14.5 dB) they stay on the eager step, with an error logged, so wrong frames are
         never served. Call at warmup with random latents (zeros decode to near-flat frames that

@@ -9,7 +9,7 @@
 
 Compiles are counted through our own dynamo backend, so a compile after warmup (a recompile in
 traffic) is logged as a warning and reported to /metrics by the worker. Compiles that run off the
-serving path (mstar.engine.background_compile) are counted apart: no request waited for them.
+serving path (mstar.engine.checked_compile) are counted apart: no request waited for them.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class CompiledFunction:
             else:
                 options["fx_graph_cache"] = False  # this torch cannot key its cache on the heuristic
 
-        from mstar.engine.background_compile import off_serving_path
+        from mstar.engine.checked_compile import off_serving_path
 
         backend = self._backend
         if isinstance(backend, str):
@@ -210,3 +210,35 @@ class CompiledFunction:
         if self._num_compiles_at_warmup is None:
             return 0
         return self.num_compiles - self._num_compiles_at_warmup
+
+
+class CompiledParts:
+    """The compiled functions of one node (a DiT's layer stacks): warmup ends for all of them at
+    once, and their recompiles are counted together."""
+
+    def __init__(self, parts: list[CompiledFunction] | tuple[CompiledFunction, ...] = ()):
+        self.parts = list(parts)
+
+    def finish_warmup(self) -> None:
+        for part in self.parts:
+            part.finish_warmup()
+
+    @property
+    def num_recompiles(self) -> int:
+        return sum(part.num_recompiles for part in self.parts)
+
+
+def compile_methods(
+    model: Any, names: tuple[str, ...], mode: str, label: str, **options: Any
+) -> CompiledParts:
+    """Each named method of `model` (a DiT's `compiled_methods`) compiled once and set on the
+    instance in the method's place, so the model's own forward calls the compiled copy; the class
+    keeps the eager method. `options` go to CompiledFunction. Mode "off" leaves the model eager."""
+    if mode == "off":
+        return CompiledParts()
+    parts = []
+    for name in names:
+        part = CompiledFunction(getattr(model, name), mode, f"{label}.{name}", **options)
+        setattr(model, name, part)  # an instance attribute: torch.nn.Module keeps plain callables as such
+        parts.append(part)
+    return CompiledParts(parts)

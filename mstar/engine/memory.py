@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import sys
 
-OUT_OF_MEMORY_KIND = "out_of_memory"
+from mstar.errors import FailureKind
+
+OUT_OF_MEMORY_KIND: FailureKind = "out_of_memory"
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -79,7 +79,7 @@ class LLMNode(Node):
     # ---- requests --------------------------------------------------------------------------
 
     def prepare(self, request: RequestState) -> None:
-        text_request = TextRequest.from_params(request.params)
+        text_request: TextRequest = request.params  # the spec's params_type, decoded by the worker
         seq = Sequence.new(request.request_id, text_request.prompt_token_ids, next(self._arrivals))
         generation = Generation.start(seq, text_request, self.tokenizer, self.eos_ids, self.max_model_len)
         self.scheduler.add(seq)

@@ -1,16 +1,20 @@
 """A text request's typed parameters (msgspec Structs): what the API validated, what the node runs.
 
-They cross processes as the request's params dict (`to_params` / `from_params`), checked on the way
-in; the node never sees an unvalidated field.
+TextRequest is the LLM specs' `params_type` (an mstar.params.RequestParams): it crosses processes
+inside RunWalk as msgpack and decodes, checked, into this Struct on the worker; the node never sees
+an unvalidated field.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from mstar.llm.sampling import RowSampling
+from mstar.params import RequestParams
+
+if TYPE_CHECKING:  # the sampler imports torch; the params stay light for the API process
+    from mstar.llm.sampling import RowSampling
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 256
@@ -35,6 +39,8 @@ class TextSampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def row(self, index: int) -> RowSampling:
         """The sampler's parameters for this request's `index`-th output token."""
+        from mstar.llm.sampling import RowSampling
+
         return RowSampling(
             temperature=self.temperature,
             top_p=self.top_p,
@@ -49,18 +55,11 @@ class TextSampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         )
 
 
-class TextRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TextRequest(RequestParams, frozen=True, forbid_unknown_fields=True):
     prompt_token_ids: list[int]
     sampling: TextSampling
     stream: bool = False  # send tokens step by step (else once, at the end)
     skip_special_tokens: bool = True
-
-    def to_params(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> TextRequest:
-        return msgspec.convert(params, cls)
 
 
 class TextPiece(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -3,6 +3,11 @@
 One node, "llm", in a Loop: walk "generate" runs engine steps until the request stops and leaves
 "token_ids"; its text streams out as inline pieces. A family subclass says where its config,
 tokenizer and weights come from (`model_config`, `load_tokenizer`, `build_nodes`).
+
+Params: `TextRequest` (mstar.llm.params) is the spec's `params_type`. The text routes validate a
+request into it through mstar.llm.frontend (the prompt against the tokenizer and the context); the
+runtime carries it in RunWalk and the node reads it typed. `validate` serves the image and video
+routes' fields, which a text model refuses (400 naming "model").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ WARMUP_PROMPT_TOKENS = 8
 class LLMSpec(ModelSpec):
     task = "text-generation"
     output_kind = "text"
+    params_type = TextRequest
     output_tensor = TOKEN_IDS
     node_names = (LLM_NODE,)
     walks = {GENERATE: Walk(GENERATE, (Loop(LLM_NODE),), outputs=(TOKEN_IDS,))}
@@ -49,22 +55,22 @@ class LLMSpec(ModelSpec):
     def limits(self) -> dict[str, Any]:
         return {"max_logprobs": 20}
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> TextRequest:
         raise InvalidParam(
             "model", f"{self.name} generates text: use /v1/chat/completions or /v1/completions"
         )
 
-    def first_walk(self, params: dict[str, Any]) -> str:
+    def first_walk(self, params: TextRequest) -> str:
         return GENERATE
 
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: TextRequest, finished: str) -> str | None:
         return None
 
-    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+    def warmup_requests(self, config: Any) -> list[TextRequest]:
         """One short greedy request through the walk, so no user request pays a first step."""
         if not config.warmup:
             return []
         request = TextRequest(
             list(range(1, WARMUP_PROMPT_TOKENS + 1)), TextSampling(max_tokens=2, temperature=0.0)
         )
-        return [request.to_params()]
+        return [request]

@@ -1,9 +1,9 @@
-"""The `text_encoder` node the Wan2.2 and Z-Image models share, and its prompt-embedding cache.
+"""The `text_encoder` node every diffusion family shares, and its prompt-embedding cache.
 
-Each model brings its own prompt encoder (UMT5 for Wan, Qwen3 for Z-Image: `encode(prompts)` ->
-one [num_tokens_i, hidden] tensor per prompt, each encoded alone) and its own guidance rule (when
-the negative prompt is encoded too); the batching, the cache and the request.tensors keys are the
-same and live here. Light: no torch at import (the encoders bring it).
+Each family's pipeline brings its encoder (UMT5 for Wan, Qwen3 for Z-Image: `encode_prompt(texts)`
+-> one [num_tokens_i, hidden] tensor per text, each encoded alone) and says which texts a request
+needs (`prompts(params)`, from its guidance rule); the batching, the cache and the request.tensors
+keys are the same and live here. Light: no torch at import (the encoders bring it).
 """
 
 from __future__ import annotations
@@ -59,44 +59,41 @@ class PromptEmbedsCache:
 
 
 class PromptEmbedsNode(Node):
-    """Encodes the prompts of the batch (and negative prompts under guidance) not in its cache.
-
-    Stores request.tensors[PROMPT_EMBEDS] and, when `uses_guidance(params)`, [NEGATIVE_PROMPT_EMBEDS]
-    (the negative prompt defaults to ""). A text twice in one batch is encoded once.
-    `max_cached_bytes` 0 turns the cache off. Subclasses give the model's guidance rule."""
+    """Encodes the texts the batch's requests need (`pipeline.prompts(params)`: tensor key -> text,
+    e.g. the prompt and, under the family's guidance rule, the negative prompt) that are not in its
+    cache, with `pipeline.encode_prompt(texts)`, and stores them in request.tensors under their
+    keys. A text twice in one batch is encoded once. `max_cached_bytes` 0 turns the cache off."""
 
     def __init__(
         self,
-        encoder: Any,
+        pipeline: Any,
         name: str = "text_encoder",
         max_batch_size: int = 8,
         max_cached_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
     ):
-        self.encoder = encoder
+        self.pipeline = pipeline
         self.name = name
         self.max_batch_size = max_batch_size
         self.cache = PromptEmbedsCache(max_cached_bytes)
-
-    def uses_guidance(self, params: dict[str, Any]) -> bool:
-        raise NotImplementedError
 
     def event_counts(self) -> dict[str, int]:
         return {"prompt_cache_hits": self.cache.num_hits, "prompt_cache_misses": self.cache.num_misses}
 
     def warmup(self) -> None:
-        """The encoder's own warmup, where it has one (Z-Image's captures its CUDA graphs)."""
-        if hasattr(self.encoder, "warmup"):
-            self.encoder.warmup()
+        """The encoder's own warmup, where it has one (CUDA graphs captured per length bucket)."""
+        warmup = getattr(self.pipeline, "warmup_text_encoder", None)
+        if warmup is not None:
+            warmup()
 
     def forward(self, batch: list[RequestState]) -> None:
-        targets: list[tuple[RequestState, str, str]] = []  # (request, tensor key, prompt text)
-        for request in batch:
-            targets.append((request, PROMPT_EMBEDS, request.params["prompt"]))
-            if self.uses_guidance(request.params):
-                targets.append((request, NEGATIVE_PROMPT_EMBEDS, request.params.get("negative_prompt") or ""))
+        targets = [  # (request, tensor key, text)
+            (request, key, text)
+            for request in batch
+            for key, text in self.pipeline.prompts(request.params).items()
+        ]
         found = {text: self.cache.get(text) for text in dict.fromkeys(text for _, _, text in targets)}
         missing = [text for text, embeds in found.items() if embeds is None]
-        for text, embeds in zip(missing, self.encoder.encode(missing), strict=True):
+        for text, embeds in zip(missing, self.pipeline.encode_prompt(missing), strict=True):
             found[text] = embeds
             self.cache.put(text, embeds)
         for request, key, text in targets:

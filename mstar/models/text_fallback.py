@@ -103,3 +103,16 @@ class FallbackTokenizer:
 
 def fallback_tokenizer(vocab_size: int, model_max_length: int = 512) -> FallbackTokenizer:
     return FallbackTokenizer(vocab_size=vocab_size, model_max_length=model_max_length)
+
+
+def load_tokenizer(folder: str | None, vocab_size: int, max_length: int, add_eos: bool = True) -> Any:
+    """A checkpoint's tokenizer/ folder (transformers' AutoTokenizer), else the deterministic
+    fallback (random weights: nothing on disk, no downloads). `add_eos`: whether the fallback ends
+    a text with EOS as T5 tokenizers do (Qwen's adds no special tokens)."""
+    from pathlib import Path
+
+    if folder is not None and Path(folder).is_dir():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    return FallbackTokenizer(vocab_size, max_length, add_eos=add_eos)

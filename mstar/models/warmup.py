@@ -3,30 +3,26 @@ through the whole walk at boot so that no user request is the first to run any p
 
 from __future__ import annotations
 
-from typing import Any
-
+from mstar.config import CompileSize
 from mstar.errors import InvalidParam
 from mstar.graph import GenerationParams, ModelSpec
+from mstar.params import RequestParams
 
 WARMUP_STEPS = 2  # two steps run both the first and a later sampler step (UniPC's order changes)
 
 
-def sized_warmup_requests(spec: ModelSpec, compile_sizes: list[str]) -> list[dict[str, Any]]:
-    """Validated params for each 'WxH' / 'WxHxFRAMES' in compile_sizes (the default size if none)."""
+def sized_warmup_requests(spec: ModelSpec, compile_sizes: list[CompileSize]) -> list[RequestParams]:
+    """Validated params for each of the config's compile sizes (the model's default size if none)."""
     sizes = compile_sizes or [None]
     return [_validated(spec, size) for size in sizes]
 
 
-def _validated(spec: ModelSpec, size: str | None) -> dict[str, Any]:
-    width = height = num_frames = None
-    if size is not None:
-        width, height, *frames = (int(part) for part in size.split("x"))
-        num_frames = frames[0] if frames else None
+def _validated(spec: ModelSpec, size: CompileSize | None) -> RequestParams:
     params = GenerationParams(
         prompt="warmup",
-        width=width,
-        height=height,
-        num_frames=num_frames,
+        width=None if size is None else size.width,
+        height=None if size is None else size.height,
+        num_frames=None if size is None else size.num_frames,
         num_inference_steps=WARMUP_STEPS,
         seed=0,
     )

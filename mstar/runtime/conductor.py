@@ -16,12 +16,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from mstar.config import ServerConfig
-from mstar.errors import InvalidParam, Overloaded
+from mstar.errors import FailureKind, InvalidParam, Overloaded
 from mstar.graph import ModelSpec, stage_nodes
+from mstar.params import RequestParams, encode_params
 from mstar.runtime import messages as m
 from mstar.runtime.events import Done, Failed, Piece, Progress
 from mstar.runtime.handle import RequestHandle
@@ -41,7 +41,7 @@ log = logging.getLogger("mstar.runtime")
 class Job:
     rid: str
     handle: RequestHandle
-    params: dict[str, Any]
+    params: RequestParams
     inputs: dict[str, np.ndarray]
     submitted_at: float  # monotonic
     deadline: float  # monotonic
@@ -85,7 +85,7 @@ class Conductor:
 
     def submit(
         self,
-        params: dict,
+        params: RequestParams,
         inputs: dict[str, np.ndarray] | None,
         timeout_s: float | None,
         request_id: str,
@@ -95,10 +95,10 @@ class Conductor:
             raise Overloaded()
         if request_id in self.rids:
             raise InvalidParam("request_id", f"'{request_id}' is already in use")
-        try:
-            msgspec.msgpack.encode(params)
-        except (TypeError, ValueError) as exc:
-            raise InvalidParam("params", f"must be JSON-able values: {exc}") from exc
+        if not isinstance(params, self.spec.params_type):
+            raise TypeError(
+                f"params must be {self.spec.params_type.__name__} (spec.validate), got {type(params).__name__}"
+            )
         is_full = len(self.running) >= self.config.max_concurrent_requests
         if is_full and len(self.waiting) >= self.config.max_queue_size:
             raise Overloaded()
@@ -106,7 +106,7 @@ class Conductor:
         timeout_s = timeout_s if timeout_s is not None else self.config.request_timeout_s
         rid = f"{next(self._next_rid):x}"
         handle = RequestHandle(request_id, stream_outputs)
-        job = Job(rid, handle, dict(params), dict(inputs or {}), now, now + timeout_s)
+        job = Job(rid, handle, params, dict(inputs or {}), now, now + timeout_s)
         self.jobs[rid] = job
         self.rids[request_id] = rid
         self.waiting.append(rid)
@@ -175,9 +175,8 @@ class Conductor:
         job.workers = {self.owner[name] for name in self.spec.walks[walk].nodes()}
         job.workers |= {w for w in (next_worker, previous_worker) if w is not None and w != m.CONDUCTOR}
         await_stash = previous_worker is not None and previous_worker != worker
-        run = m.RunWalk(
-            job.rid, job.handle.request_id, job.params, walk, next_worker, list(tensors), await_stash
-        )
+        params = encode_params(job.params)
+        run = m.RunWalk(job.rid, job.handle.request_id, params, walk, next_worker, list(tensors), await_stash)
         down = [w for w in sorted(job.workers) if not self.pool.is_up(w)]
         if down or not self.pool.send(worker, run):
             self.store.unlink_all(list(tensors))
@@ -298,11 +297,11 @@ class Conductor:
             if index in job.workers:
                 self._end(job, Failed(f"worker {index} died", "worker_died"))
 
-    def fail_waiting(self, message: str, kind: str) -> None:
+    def fail_waiting(self, message: str, kind: FailureKind) -> None:
         while self.waiting:
             self._end(self.jobs[self.waiting[0]], Failed(message, kind))
 
-    def fail_all(self, message: str, kind: str) -> None:
+    def fail_all(self, message: str, kind: FailureKind) -> None:
         for job in list(self.jobs.values()):
             self._end(job, Failed(message, kind))
 

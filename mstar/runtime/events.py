@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-FAILURE_KINDS = ("error", "aborted", "shutdown", "timeout", "worker_died", "out_of_memory")
+from mstar.errors import FailureKind
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Done:
 @dataclass(frozen=True)
 class Failed:
     message: str
-    kind: str  # one of FAILURE_KINDS
+    kind: FailureKind
 
 
 Event = Progress | Piece | Done | Failed

@@ -7,9 +7,11 @@ Directions: C = conductor (API process), W = worker process.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+from mstar.errors import FailureKind
 
 CONDUCTOR = -1  # `next_worker` value: the walk's outputs go back to the conductor (final walk)
 
@@ -106,7 +108,7 @@ class InlinePiece(msgspec.Struct, tag=True, frozen=True):
 class RequestError(msgspec.Struct, tag=True, frozen=True):
     rid: str
     message: str
-    kind: str = "error"  # or "worker_died" when a peer it needed is down
+    kind: FailureKind = "error"  # "worker_died" when a peer it needed is down
 
 
 class StepStats(msgspec.Struct, tag=True, frozen=True):
@@ -138,7 +140,7 @@ class RunWalk(msgspec.Struct, tag=True, frozen=True):
 
     rid: str
     request_id: str
-    params: dict[str, Any]
+    params: msgspec.Raw  # the spec's params Struct, msgpack (mstar.params.encode_params)
     walk: str
     next_worker: int  # worker of the next walk's first node, or CONDUCTOR
     tensors: list[TensorRef] = []  # request inputs (first walk only)
@@ -172,6 +174,9 @@ class Shutdown(msgspec.Struct, tag=True, frozen=True):
 # ---- worker -> worker ----------------------------------------------------------------------
 
 
+HandoffPart = Literal["stage", "stash", "fork", "join"]
+
+
 class Handoff(msgspec.Struct, tag=True, frozen=True):
     """A request's tensors moving between workers.
 
@@ -179,10 +184,10 @@ class Handoff(msgspec.Struct, tag=True, frozen=True):
     kept until RunWalk arrives), "fork" (run this worker's nodes of a Parallel stage, then send
     "join" back to `source`), "join" (a fork's results merged into the lead's tensors)."""
 
-    part: str
+    part: HandoffPart
     rid: str
     request_id: str
-    params: dict[str, Any]
+    params: msgspec.Raw  # as RunWalk's
     walk: str
     stage_index: int
     next_worker: int
@@ -221,14 +226,3 @@ def encode(message: Message) -> bytes:
 
 def decode(data: bytes) -> Message:
     return _decoder.decode(data)
-
-
-def message_refs(message: Message) -> list[TensorRef]:
-    """Segments a message carries (to unlink when the message is dropped)."""
-    if isinstance(message, RunWalk | Handoff):
-        return list(message.tensors)
-    if isinstance(message, WalkDone):
-        return list(message.outputs)
-    if isinstance(message, OutputPiece):
-        return [message.piece]
-    return []

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mstar.graph import RequestState
+from mstar.params import RequestParams
 from mstar.runtime import messages as m
 
 MAX_REMEMBERED_RELEASES = 65536
@@ -51,10 +52,11 @@ class RequestTable:
     def was_released(self, rid: str) -> bool:
         return rid in self._released
 
-    def get_or_create(self, rid: str, request_id: str, params: dict[str, Any]) -> WorkerRequest:
+    def get_or_create(self, rid: str, request_id: str, params: Callable[[], RequestParams]) -> WorkerRequest:
+        """The request's entry, made with its params (decoded only for a new one) on first sight."""
         request = self._requests.get(rid)
         if request is None:
-            request = WorkerRequest(rid, RequestState(request_id, params))
+            request = WorkerRequest(rid, RequestState(request_id, params()))
             self._requests[rid] = request
         return request
 

@@ -24,6 +24,7 @@ from mstar.config import ServerConfig
 from mstar.errors import InvalidParam
 from mstar.graph import ModelSpec
 from mstar.models.registry import spec_path
+from mstar.params import RequestParams
 from mstar.runtime import messages as m
 from mstar.runtime.conductor import Conductor
 from mstar.runtime.events import Done, Failed, Piece, Progress
@@ -131,10 +132,7 @@ class Runtime:
                 try:
                     await self._follow_warmup_request(handle, f"warmup request {index + 1}")
                 except Exception as error:
-                    raise RuntimeError(
-                        f"warmup request {index} ({params.get('width')}x"
-                        f"{params.get('height')}) failed: {error}"
-                    ) from error
+                    raise RuntimeError(f"warmup request {index} ({params}) failed: {error}") from error
                 log.info(
                     "warmup request %d/%d done in %.1f s",
                     index + 1,
@@ -224,7 +222,7 @@ class Runtime:
 
     def submit(
         self,
-        params: dict,
+        params: RequestParams,
         inputs: dict[str, np.ndarray] | None = None,
         timeout_s: float | None = None,
         request_id: str | None = None,

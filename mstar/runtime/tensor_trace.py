@@ -95,8 +95,8 @@ class TensorTracer:
         return {
             "node": node_name,
             "request_id": request_id,
-            "prompt": str(state.params.get("prompt", ""))[:60],
-            "seed": state.params.get("seed"),
+            "prompt": str(getattr(state.params, "prompt", ""))[:60],
+            "seed": getattr(state.params, "seed", None),
             "forward": self._num_forwards[count_key],
             "hashes": hashes,
         }

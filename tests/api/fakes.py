@@ -13,6 +13,7 @@ import numpy as np
 
 from mstar.errors import InvalidParam, Overloaded
 from mstar.graph import GenerationParams, ModelSpec, Walk
+from mstar.params import ImageParams, VideoParams
 from mstar.runtime.events import Done, Failed, Piece, Progress
 
 
@@ -22,10 +23,20 @@ class Stats:
     num_waiting: int
 
 
+class FakeImageParams(ImageParams, kw_only=True):
+    step_sleep_s: float = 0.01  # the live nodes' step time
+
+
+class FakeVideoParams(VideoParams, kw_only=True):
+    step_sleep_s: float = 0.01
+    has_input_reference: bool = False
+
+
 class FakeImageSpec(ModelSpec):
     name = "fake-image"
     task = "text-to-image"
     output_kind = "image"
+    params_type = FakeImageParams
     walks = {"generate": Walk("generate", ("dit",))}
     node_names = ("dit",)
     max_prompt_chars = 200
@@ -52,26 +63,28 @@ class FakeImageSpec(ModelSpec):
         if params.seed is not None and params.seed >= 2**32:
             raise InvalidParam("seed", "must be below 2**32")
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> FakeImageParams:
         self._check_common(params)
         if params.has_input_reference:
             raise InvalidParam("input_reference", "this model is text-to-image")
         if params.num_frames is not None or params.seconds is not None:
             raise InvalidParam("num_frames", "this model makes images")
+        return self.params_type(**self._resolved(params))
+
+    def _resolved(self, params: GenerationParams) -> dict[str, Any]:
         return {
             "prompt": params.prompt,
             "width": params.width or 32,
             "height": params.height or 32,
-            "num_frames": 1,
             "num_inference_steps": params.num_inference_steps or 4,
             "guidance_scale": params.guidance_scale if params.guidance_scale is not None else 1.0,
             "seed": params.seed if params.seed is not None else 0,
         }
 
-    def first_walk(self, params: dict[str, Any]) -> str:
+    def first_walk(self, params: Any) -> str:
         return "generate"
 
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: Any, finished: str) -> str | None:
         return None
 
     def build_nodes(self, ctx: Any) -> dict:
@@ -82,9 +95,10 @@ class FakeVideoSpec(FakeImageSpec):
     name = "fake-video"
     task = "text-to-video"
     output_kind = "video"
+    params_type = FakeVideoParams
     max_frames = 33
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> FakeVideoParams:
         self._check_common(params)
         fps = params.fps or 8
         num_frames = params.num_frames
@@ -93,25 +107,17 @@ class FakeVideoSpec(FakeImageSpec):
         num_frames = num_frames or 9
         if num_frames % 4 != 1 or num_frames > self.max_frames:
             raise InvalidParam("num_frames", f"must be 4k+1 and at most {self.max_frames}")
-        resolved = FakeImageSpec.validate(
-            self,
-            GenerationParams(
-                **{**params.__dict__, "has_input_reference": False, "num_frames": None, "seconds": None}
-            ),
+        resolved = self._resolved(params)
+        return FakeVideoParams(
+            **resolved, num_frames=num_frames, fps=fps, has_input_reference=params.has_input_reference
         )
-        return {
-            **resolved,
-            "num_frames": num_frames,
-            "fps": fps,
-            "has_input_reference": params.has_input_reference,
-        }
 
 
-def seeded_frames(params: dict[str, Any]) -> np.ndarray:
+def seeded_frames(params: ImageParams) -> np.ndarray:
     """uint8 [F, H, W, 3]: a smooth per-frame colour ramp that depends on the seed, so tests can tell
     requests apart and lossy codecs (H.264 with 4:2:0 chroma) still round-trip closely."""
-    rng = np.random.default_rng(params["seed"])
-    num_frames, height, width = params.get("num_frames", 1), params["height"], params["width"]
+    rng = np.random.default_rng(params.seed)
+    num_frames, height, width = params.num_frames, params.height, params.width
     colours = rng.integers(40, 200, size=(num_frames, 1, 1, 3))
     ramp = np.linspace(0, 50, width)[None, None, :, None]
     frames = np.broadcast_to(colours + ramp, (num_frames, height, width, 3))
@@ -119,7 +125,7 @@ def seeded_frames(params: dict[str, Any]) -> np.ndarray:
 
 
 class FakeHandle:
-    def __init__(self, runtime: FakeRuntime, request_id: str, params: dict[str, Any], in_pieces: int = 0):
+    def __init__(self, runtime: FakeRuntime, request_id: str, params: ImageParams, in_pieces: int = 0):
         self.runtime = runtime
         self.request_id = request_id
         self.params = params
@@ -131,7 +137,7 @@ class FakeHandle:
         self.started = True
         runtime = self.runtime
         start_s = time.perf_counter()
-        total = self.params["num_inference_steps"]
+        total = self.params.num_inference_steps
         outcome = "completed"
         try:
             if runtime.metrics is not None:
@@ -173,7 +179,7 @@ class FakeRuntime:
         self.decode_delay_s = 0.0  # from the last step's progress to the frames (a VAE decode)
         self.ready_flag = True
         self.active: dict[str, FakeHandle] = {}
-        self.submitted: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+        self.submitted: list[tuple[ImageParams, dict[str, Any] | None]] = []
         self.aborted: list[str] = []
         self.started = False
         self._ids = itertools.count()

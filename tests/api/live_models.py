@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
+
 from mstar.graph import BuildContext, Loop, Node, RequestState, Walk
 from tests.api.fakes import FakeImageSpec, FakeVideoSpec, seeded_frames
 
@@ -16,13 +18,13 @@ class CountingDenoiser(Node):
     max_batch_size = 8
 
     def prepare(self, request: RequestState) -> None:
-        request.state[self.name] = {"step": 0, "total": int(request.params["num_inference_steps"])}
+        request.state[self.name] = {"step": 0, "total": int(request.params.num_inference_steps)}
 
     def step_cost(self, request: RequestState) -> int:
-        return request.params["width"] * request.params["height"] // 64
+        return request.params.width * request.params.height // 64
 
     def forward(self, batch: list[RequestState]) -> None:
-        time.sleep(max(float(r.params.get("step_sleep_s", 0.01)) for r in batch))
+        time.sleep(max(float(r.params.step_sleep_s) for r in batch))
         for request in batch:
             request.state[self.name]["step"] += 1
 
@@ -60,10 +62,9 @@ class LiveImageSpec(_LiveNodes, FakeImageSpec):
 class LiveVideoSpec(_LiveNodes, FakeVideoSpec):
     name = "live-video"
 
-    def validate(self, params: Any) -> dict[str, Any]:
-        resolved = super().validate(params)
-        resolved["step_sleep_s"] = 0.05  # slow enough to observe in_progress and to cancel
-        return resolved
+    def validate(self, params: Any) -> Any:
+        # slow enough to observe in_progress and to cancel
+        return msgspec.structs.replace(super().validate(params), step_sleep_s=0.05)
 
 
 class SlowImageSpec(LiveImageSpec):
@@ -72,10 +73,8 @@ class SlowImageSpec(LiveImageSpec):
     name = "slow-image"
     max_steps = 400
 
-    def validate(self, params: Any) -> dict[str, Any]:
-        resolved = super().validate(params)
-        resolved["step_sleep_s"] = 0.1
-        return resolved
+    def validate(self, params: Any) -> Any:
+        return msgspec.structs.replace(super().validate(params), step_sleep_s=0.1)
 
 
 class SlowBootImageSpec(LiveImageSpec):

@@ -19,7 +19,7 @@ from PIL import Image
 
 from mstar import cli
 from mstar.api.media import decode_mp4
-from tests.api.fakes import seeded_frames
+from tests.api.fakes import FakeImageParams, seeded_frames
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_SPEC = "tests.api.live_models:LiveImageSpec"
@@ -133,7 +133,9 @@ def test_generate_image(tmp_path):
     assert cli.main(["generate", IMAGE_SPEC, "--prompt", "a 3", "--steps", "2", "--seed", "4",
                      "--size", "48x32", "-o", str(output)]) == 0  # fmt: skip
     image = np.asarray(Image.open(io.BytesIO(output.read_bytes())))
-    params = {"seed": 4, "num_frames": 1, "height": 32, "width": 48}
+    params = FakeImageParams(
+        prompt="p", seed=4, height=32, width=48, num_inference_steps=1, guidance_scale=1.0
+    )
     assert np.array_equal(image, seeded_frames(params)[0])
 
 

@@ -369,7 +369,7 @@ def test_reference_image_reaches_runtime_as_uint8(video_server):
     )
     assert response.status_code == 200, response.text
     params, inputs = runtime.submitted[-1]
-    assert params["has_input_reference"] is True and params["fps"] == 8
+    assert params.has_input_reference is True and params.fps == 8
     reference = inputs["input_reference"]
     assert reference.dtype.name == "uint8" and reference.shape == (32, 48, 3)
     assert tuple(reference[0, 0]) == (200, 10, 10)

@@ -10,6 +10,7 @@ import torch
 
 from mstar.models.wan22.lora_keys import WAN22_LORA_KEYS
 from mstar.models.zimage.lora_keys import ZIMAGE_LORA_KEYS
+from mstar.params import LoraChoice, decode_params, encode_params
 from tests.api.conftest import build_client, wait_for
 from tests.api.fakes import FakeImageSpec, FakeVideoSpec
 from tests.lora_files import write_adapter
@@ -64,9 +65,9 @@ def test_adapters_reach_the_params(client):
     body = {**VALID, "lora": [{"name": "style", "scale": 0.8}, {"name": "detail"}], "n": 2}
     assert client.post(IMAGES, json=body).status_code == 200
     for params, _ in runtime.submitted:
-        assert params["lora"] == [{"name": "style", "scale": 0.8}, {"name": "detail", "scale": 1.0}]
+        assert params.lora == (LoraChoice("style", 0.8), LoraChoice("detail", 1.0))
     assert client.post(IMAGES, json=VALID).status_code == 200
-    assert "lora" not in runtime.submitted[-1][0]  # no adapters: the params as before
+    assert runtime.submitted[-1][0].lora == ()  # no adapters
 
 
 @pytest.mark.parametrize(
@@ -131,10 +132,20 @@ def test_video_and_native_routes_take_lora(lora_dir):
         assert client.post("/v1/videos", data=form).status_code == 200
         native = client.post("/generate", json={**body, "lora": [{"name": "motion", "scale": -1}]})
         assert native.status_code == 200
-        assert [p["lora"] for p, _ in runtime.submitted] == [
-            [{"name": "motion", "scale": 0.5}],
-            [{"name": "motion", "scale": 1.0}],
-            [{"name": "motion", "scale": -1.0}],
+        assert [p.lora for p, _ in runtime.submitted] == [
+            (LoraChoice("motion", 0.5),),
+            (LoraChoice("motion", 1.0),),
+            (LoraChoice("motion", -1.0),),
         ]
         error = _error(client.post("/v1/videos", json={**body, "lora": [{"name": "style"}]}))
         assert error["param"] == "lora[0].name" and "z-image" in error["message"]
+
+
+def test_adapters_travel_in_the_typed_params(client):
+    """The checked adapters ride to the workers inside the params Struct (msgpack), typed."""
+    client, runtime = client
+    body = {**VALID, "lora": [{"name": "style", "scale": 0.8}]}
+    assert client.post(IMAGES, json=body).status_code == 200
+    params, _ = runtime.submitted[-1]
+    decoded = decode_params(encode_params(params), type(params))
+    assert decoded == params and decoded.lora == (LoraChoice("style", 0.8),)

@@ -33,7 +33,7 @@ def test_registered_model_behind_the_api(name):
         response = client.post(path, json={**body, "model": name})
         assert response.status_code == 200, response.text
         params, _ = runtime.submitted[-1]
-        assert params["num_inference_steps"] == 1
+        assert params.num_inference_steps == 1
         other_kind = "video" if spec.output_kind == "image" else "image"
         other_path, other_body = SMALL_REQUEST[other_kind]
         refused = client.post(other_path, json=other_body)

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
-import types
 
 import pytest
 
-from mstar.api import routes_videos
-from mstar.api import store as store_module
 from mstar.api.media import Mp4Writer, decode_mp4, encode_mp4
-from mstar.api.routes_videos import (
-    DUE_POLL_AFTER_MS,
-    FINISH_LEAD_MS,
-    MAX_POLL_AFTER_MS,
-    MAX_POLL_HOLD_MS,
-    MIN_POLL_AFTER_MS,
-    poll_after_ms,
-    poll_hold_s,
-)
-from mstar.api.store import MAX_FINISH_TIME_SHAPES, JobStore, VideoJob
+from mstar.api.routes_videos import MAX_POLL_AFTER_MS, MIN_POLL_AFTER_MS, poll_after_ms
+from mstar.api.store import JobStore, VideoJob
 from tests.api.conftest import build_client, wait_for
 from tests.api.fakes import FakeVideoSpec, seeded_frames
 
@@ -60,126 +48,39 @@ def test_progress_moves_and_poll_header(video_client):
 
 
 def bare_job() -> VideoJob:
-    """A job outside any store, for the poll hint and hold rules."""
+    """A job outside any store, for the poll hint rule."""
     return VideoJob(id="v", model="m", prompt="p", size="", seconds="", created_at=0.0, request_id="r")
 
 
-def test_poll_hint_shrinks_as_the_job_nears_its_end():
+def test_poll_hint_follows_the_jobs_own_pace():
+    """Half the job's estimated time to its last step, in [100, 500] ms; the floor while no pace is
+    known yet and once the steps are done (decode and mux report no progress)."""
     job = bare_job()
-    assert poll_after_ms(job) == MAX_POLL_AFTER_MS  # queued: no pace yet
+    assert poll_after_ms(job) == MIN_POLL_AFTER_MS  # queued: no pace yet
     job.num_steps, job.num_steps_done, job.first_step_at, job.last_step_at = 50, 1, 10.0, 10.0
-    assert poll_after_ms(job) == MAX_POLL_AFTER_MS  # one step: still no pace
+    assert poll_after_ms(job) == MIN_POLL_AFTER_MS  # one step: still no pace
     job.num_steps_done, job.last_step_at = 11, 11.2  # 0.12 s a step, 39 left: 4.7 s
     assert poll_after_ms(job) == MAX_POLL_AFTER_MS
     job.num_steps_done, job.last_step_at = 46, 15.4  # 4 steps left: 0.48 s
     assert poll_after_ms(job) == 240
     job.num_steps_done, job.last_step_at = 49, 15.76  # 1 step left: 0.12 s
     assert poll_after_ms(job) == MIN_POLL_AFTER_MS
-    assert poll_after_ms(job, finish_after_steps_s=0.5) == 310  # (0.12 + 0.5) / 2
-    job.num_steps_done = 50  # decoding and muxing, no estimate of its end yet
+    job.num_steps_done = 50  # decoding and muxing
     assert poll_after_ms(job) == MIN_POLL_AFTER_MS
 
 
-def test_poll_hint_after_the_steps_points_at_the_estimated_end():
-    """The last job of the shape took 0.45 s from its last step to its MP4: a decoding job is told to
-    come back a little before then (its poll is held until the end), and every 50 ms once due."""
-    job = bare_job()
-    job.num_steps = job.num_steps_done = 50
-    job.steps_done_at = 20.0
-    assert poll_after_ms(job, 0.45, now=20.0) == 450 - FINISH_LEAD_MS
-    assert poll_after_ms(job, 0.45, now=20.3) == 150 - FINISH_LEAD_MS
-    assert poll_after_ms(job, 0.45, now=20.43) == DUE_POLL_AFTER_MS
-    assert poll_after_ms(job, 0.45, now=21.0) == DUE_POLL_AFTER_MS  # late
-    assert poll_after_ms(job, 2.0, now=20.0) == MAX_POLL_AFTER_MS
-
-
-def test_a_poll_is_held_only_near_the_estimated_end():
-    """The last job of the shape took 0.45 s from its last step to its MP4: a poll is held once the
-    end is at most 200 ms off (or past, or when no job of the shape has ended yet)."""
-    job = bare_job()
-    job.num_steps, job.num_steps_done = 50, 49
-    assert poll_hold_s(job, 0.45, now=20.0) == 0.0  # still denoising
-    job.num_steps_done, job.steps_done_at = 50, 20.0
-    hold_s = MAX_POLL_HOLD_MS / 1000
-    assert poll_hold_s(job, 0.45, now=20.0) == 0.0  # 450 ms off: answered at once
-    assert poll_hold_s(job, 0.45, now=20.24) == 0.0
-    assert poll_hold_s(job, 0.45, now=20.26) == hold_s
-    assert poll_hold_s(job, 0.45, now=21.0) == hold_s  # late
-    assert poll_hold_s(job, None, now=20.0) == hold_s  # no estimate
-    job.status = "completed"
-    assert poll_hold_s(job, 0.45, now=20.3) == 0.0
-
-
-def _steps_done_poll(client, video_id):
-    """Poll until the job's steps are done (or it ended); returns that poll's JSON and seconds."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        started = time.monotonic()
-        job = client.get(f"/v1/videos/{video_id}").json()
-        if job["progress"] >= 99:
-            return job, time.monotonic() - started
-        time.sleep(0.002)
-    raise AssertionError(f"video {video_id} never finished its steps")
-
-
-def test_a_poll_after_the_steps_is_answered_at_the_end(video_client):
-    """A poll that comes while the job decodes is held and answered completed as the MP4 is ready:
-    an in-progress answer with every step done would mean the poll was not held."""
+def test_the_poll_hint_never_depends_on_the_clients_headers(video_client):
     client, runtime = video_client
-    runtime.decode_delay_s = 0.1
-    for _ in range(3):
-        job = client.post("/v1/videos", json=VIDEO).json()
-        done, _ = _steps_done_poll(client, job["id"])
-        assert done["status"] == "completed" and done["progress"] == 100
-
-
-def test_a_held_poll_is_answered_in_progress_after_its_limit(video_client):
-    client, runtime = video_client
-    runtime.decode_delay_s = 1.5
-    job = client.post("/v1/videos", json=VIDEO).json()
-    running, held_s = _steps_done_poll(client, job["id"])
-    # held to its limit (not answered at once), and not to the end of the decode (1.5 s away)
-    assert running["status"] == "in_progress" and running["progress"] == 99
-    assert held_s >= MAX_POLL_HOLD_MS / 1000 - 0.02
-    assert wait_for(client, job["id"])["status"] == "completed"
-
-
-def test_a_held_poll_of_a_deleted_job_answers_404(video_client, monkeypatch):
-    """The delete wakes the held poll: neither the decode's end nor the hold limit (both a minute
-    away) answers it, so a 404 within the hang guard is the delete's."""
-    client, runtime = video_client
-    runtime.decode_delay_s = 60.0
-    job = client.post("/v1/videos", json=VIDEO).json()
-    _steps_done_poll(client, job["id"])  # held to its limit: the steps are done
-    monkeypatch.setattr(routes_videos, "MAX_POLL_HOLD_MS", 60_000)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        held = pool.submit(client.get, f"/v1/videos/{job['id']}")
-        time.sleep(0.05)  # usually held by now; a poll that comes after the delete is a 404 too
-        assert client.delete(f"/v1/videos/{job['id']}").status_code == 200
-        assert held.result(timeout=20).status_code == 404
-
-
-def test_job_store_keeps_the_last_finish_time_after_the_steps_per_shape(monkeypatch):
-    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(monotonic=lambda: 100.3))
-    store = JobStore(ttl_s=60)
-
-    def job_of(size):
-        job = store.new_job(model="m", prompt="p", size=size, seconds="2", request_id="r")
-        job.steps_done_at = 100.0
-        return job
-
-    done = job_of("832x480")
-    assert store.finish_after_steps_s(done) is None
-    store.finish(done, "completed")
-    assert store.finish_after_steps_s(job_of("832x480")) == pytest.approx(0.3)
-    assert store.finish_after_steps_s(job_of("480x832")) is None  # another shape
-    failed = job_of("480x832")
-    store.finish(failed, "failed")  # a failed job's time says nothing of a decode
-    assert store.finish_after_steps_s(failed) is None
-    for index in range(MAX_FINISH_TIME_SHAPES):  # as many other shapes: the oldest is dropped
-        store.finish(job_of(f"{index}x16"), "completed")
-    assert store.finish_after_steps_s(job_of("832x480")) is None
-    assert store.finish_after_steps_s(job_of("0x16")) is not None
+    runtime.step_delay_s = 0.02
+    job = client.post("/v1/videos", json={**VIDEO, "num_inference_steps": 20}).json()
+    sdk_helper = {"x-stainless-poll-helper": "true"}
+    hints = set()
+    while (response := client.get(f"/v1/videos/{job['id']}", headers=sdk_helper)).json()[
+        "status"
+    ] != "completed":
+        hints.add(int(response.headers["openai-poll-after-ms"]))
+        time.sleep(0.01)
+    assert len(hints) > 1  # paced by the job's steps, not the floor the header once asked for
 
 
 def test_cancel_running_job(video_client):
@@ -285,7 +186,7 @@ def test_images_n_is_all_or_nothing_under_load():
         assert len(runtime.aborted) == 2, "the admitted part of n must be aborted"
         ok = client.post("/v1/images/generations", json={"prompt": "x", "n": 2, "seed": 11})
         assert ok.status_code == 200
-        assert [params["seed"] for params, _ in runtime.submitted[-2:]] == [11, 12]
+        assert [params.seed for params, _ in runtime.submitted[-2:]] == [11, 12]
 
 
 def test_job_store_expires_finished_jobs():

@@ -54,11 +54,7 @@ def test_step_times_both_and_checks_parity_with_the_same_weights(tmp_path, monke
         diffusers_run = next(r for r in entry["runs"] if r["impl"] == "diffusers")
         assert diffusers_run["mode"] == "eager" and len(diffusers_run["times_ms"]) == 1
         assert diffusers_run["median_ms"] > 0 and 0 < diffusers_run["roofline_fraction"] < 1
-        family_module = "mstar.models.wan22.dit" if entry["family"] == "wan" else "mstar.models.zimage.dit"
         ours = [r for r in entry["runs"] if r["impl"] == "mstar"]
-        if not _ours_importable(family_module):
-            assert any(entry["workload"] in note for note in result["notes"])
-            continue
         assert len(ours) == 1, result["notes"]
         # same weights, same inputs, float32: ours matches diffusers' transformer
         assert ours[0]["rel_error"] < 1e-4
@@ -70,7 +66,7 @@ def test_step_without_ours_says_so(tmp_path):
     assert main([*argv, "--skip-ours", "--num-warmup", "1", "--num-timed", "1", "-o", str(output)]) == 0
     (entry,) = json.loads(output.read_text())["results"]
     assert [r["impl"] for r in entry["runs"]] == ["diffusers"]
-    assert entry["num_items"] == 2 and entry["num_tokens"] == 2 * 32  # 64x64 -> 16 patches, padded to 32
+    assert entry["num_items"] == 2 and entry["num_tokens"] == 2 * 32  # 16x16 -> 16 patches, padded to 32
 
 
 def test_diffusers_pipelines_report_latency_and_throughput(tmp_path):
@@ -195,22 +191,27 @@ def test_serve_suite_command_fills_the_workload_and_table_prints_it(tmp_path, ca
     assert "### serve-suite: wan-480p-t2v" in printed and "| c=2 / c=1 throughput |" in printed
 
 
-@pytest.mark.parametrize("family,method", [("wan", "text_kv"), ("zimage", "refine_caption")])
-def test_step_keeps_text_only_work_across_steps_as_the_server_does(monkeypatch, family, method):
+@pytest.mark.parametrize(
+    "name,dit_class,method",
+    [("tiny-wan-cfg", "mstar.models.wan22.dit:WanDiT", "text_kv"),
+     ("tiny-zimage-c2", "mstar.models.zimage.dit:ZImageDiT", "refine_caption")],
+)  # fmt: skip
+def test_step_keeps_text_only_work_across_steps_as_the_server_does(monkeypatch, name, dit_class, method):
+    import importlib
+
     import torch
 
-    from mstar.bench import dit_inputs
-    from mstar.bench.configs import configs_for
-    from mstar.bench.ours import _dit_class, _dit_module, build_ours
+    from mstar.bench.baseline import step_workloads
+    from mstar.bench.ours import build_ours
 
-    configs = configs_for(family, tiny=True)
-    name = "tiny-wan-cfg" if family == "wan" else "tiny-zimage-c2"
-    items = dit_inputs.make_items(dit_inputs.STEP_WORKLOADS[name], configs, "cpu", torch.float32, seed=0)
-    dit_class = _dit_class(_dit_module(family))
+    entry, workload = step_workloads()[name]
+    items = entry.example_items(workload, "cpu", torch.float32, seed=0)
+    module_name, class_name = dit_class.split(":")
+    dit_class = getattr(importlib.import_module(module_name), class_name)
     calls = []
     original = getattr(dit_class, method)
     monkeypatch.setattr(dit_class, method, lambda self, *args: calls.append(1) or original(self, *args))
-    forward = build_ours(family, configs["transformer"], None, "cpu", torch.float32, "torch", "off")
+    forward = build_ours(entry, entry.transformer_config(True), None, "cpu", torch.float32, "torch", "off")
     with torch.inference_mode():
         first = forward(items)
         again = forward(items)
@@ -224,9 +225,9 @@ def test_baseline_pipeline_dit_runs_in_the_requested_dtype(workload):
     _keep_in_fp32_modules, as from_pretrained(torch_dtype=bf16) loads it."""
     import torch
 
-    from mstar.bench.pipelines import E2E_WORKLOADS, build_pipeline
+    from mstar.bench.pipelines import build_pipeline
 
-    pipe = build_pipeline(E2E_WORKLOADS[workload], "cpu", seed=0, dit_dtype=torch.bfloat16)
+    pipe = build_pipeline(workload, "cpu", seed=0, dit_dtype=torch.bfloat16)
     transformer = pipe.transformer
     keep = tuple(transformer._keep_in_fp32_modules or ())
     dtypes = {name: p.dtype for name, p in transformer.named_parameters()}

@@ -161,45 +161,6 @@ def test_eager_wrapper_grows_its_buffers():
     assert wrapper.stager.host_buffer.is_pinned() is False  # pinned only for CUDA
 
 
-@pytest.mark.parametrize("backend", ["fa3", "flashinfer"])
-def test_promoted_preplan(backend):
-    attention, _, _ = build(backend)
-    attention.plan("self", L1)
-    attention.preplan("self", L2)  # step n+1 planned while step n still runs L1
-    assert attention.pending_slot("self") != attention.active_slot("self")
-    run_and_check(attention, "self", L1)
-    attention.promote("self")
-    run_and_check(attention, "self", L2)
-    attention.plan("self", L2)  # the step itself plans again: nothing to do
-    assert kernel_plans(attention, "self") == 2
-
-
-def test_plan_of_the_preplanned_layout_promotes_it():
-    attention, _, _ = build("fa3")
-    attention.plan("self", L1)
-    attention.preplan("self", L2)
-    attention.plan("self", L2)
-    assert attention.pending_slot("self") is None
-    run_and_check(attention, "self", L2)
-    assert kernel_plans(attention, "self") == 2
-
-
-@pytest.mark.parametrize("backend", ["fa3", "flashinfer"])
-def test_dropped_preplan_is_forgotten(backend):
-    attention, _, _ = build(backend)
-    attention.plan("self", L1)
-    attention.preplan("self", L2)
-    attention.drop("self")  # the step it was for does not run
-    run_and_check(attention, "self", L1)
-    pre_planned = attention.wrappers("self")[1]
-    copies = pre_planned.stager.num_copies
-    attention.plan("self", L2)
-    assert kernel_plans(attention, "self") == 3
-    if backend == "fa3":
-        assert pre_planned.stager.num_copies == copies + 1  # staged its copies again
-    run_and_check(attention, "self", L2)
-
-
 def test_plan_that_raises_leaves_nothing_to_reuse():
     flashinfer = FakeFlashInfer()
     attention, _, _ = build("flashinfer", flashinfer=flashinfer)

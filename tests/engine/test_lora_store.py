@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from mstar.adapters import LoraCatalog, LoraChoice, LoraKeyRules
+from mstar.adapters import LoraCatalog, LoraKeyRules
 from mstar.engine.lora import store as store_module
 from mstar.engine.lora.linear import LoraRows
 from mstar.engine.lora.store import AdapterStore, resident_adapter_names
 from mstar.engine.lora.wrap import LoraLayers, linear_targets
+from mstar.params import LoraChoice
 from tests.lora_files import write_adapter
 
 IN, OUT = 16, 8

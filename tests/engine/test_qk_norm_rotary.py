@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from mstar.engine.kernels.qk_norm_rotary import qk_norm_rotary, qk_norm_rotary_reference
-from mstar.models.zimage.dit_layers import RMSNorm, apply_rotary_halves
+from mstar.models.zimage.dit_layers import RMSNorm
+from mstar.models.zimage.optimize import apply_rotary_halves
 from tests.engine.kernel_checks import (
     assert_inductor_launches,
     assert_op_names_its_kernel,
@@ -38,7 +39,7 @@ def test_head_scope_is_zimage_rms_norm_then_rotary(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_scope_is_wan_rms_norm_over_all_heads_then_rotary(dtype):
-    from mstar.models.wan22.dit_layers import apply_rotary_halves as wan_rotary
+    from mstar.models.wan22.optimize import apply_rotary_halves as wan_rotary
 
     x, cos, sin, generator = _inputs(7, 3, 16, dtype)
     norm = nn.RMSNorm(48, eps=1e-6).to(dtype)

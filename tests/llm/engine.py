@@ -37,14 +37,16 @@ def make_node(
     )
 
 
-def request(prompt_ids, max_tokens=16, **sampling) -> dict:
+def request(prompt_ids, max_tokens=16, **sampling) -> TextRequest:
     sampling.setdefault("temperature", 0.0)
     return TextRequest(
         list(prompt_ids), TextSampling(max_tokens=max_tokens, ignore_eos=True, **sampling), stream=True
-    ).to_params()
+    )
 
 
-def run(node, requests: list[dict], joins: list[int] | None = None, abort_at: dict[int, int] | None = None):
+def run(
+    node, requests: list[TextRequest], joins: list[int] | None = None, abort_at: dict[int, int] | None = None
+):
     """Output ids per request; request i joins before step joins[i]; abort_at {i: step} releases
     request i before that step. Returns (outputs, pieces, steps)."""
     joins = joins or [0] * len(requests)

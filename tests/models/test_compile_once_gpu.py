@@ -7,6 +7,9 @@ import pytest
 import torch
 
 from mstar.engine.attention import build_attention
+from mstar.engine.compile import compile_methods
+
+SERVED_OPTIONS = {"persistent_rows": True, "duck_shapes": False}  # as build_dit_node compiles them
 
 
 def _cuda_or_skip() -> None:
@@ -24,7 +27,7 @@ def test_wan_stack_compiles_once_on_cuda():
     # head_dim 16: CUDA's varlen attention takes head sizes in multiples of 8 (the tiny config has 12)
     config = dataclasses.replace(tiny_wan22_config().dit, attention_head_dim=16)
     dit = WanDiT(config).to("cuda", torch.bfloat16).eval()
-    dit.compile_layers("deterministic")
+    parts = compile_methods(dit, WanDiT.compiled_methods, "deterministic", "wan.dit", **SERVED_OPTIONS)
     attention = build_attention("torch", "cuda", torch.bfloat16)
 
     def item(frames, height, width, timestep=999.0, num_clean_frames=0):
@@ -40,7 +43,7 @@ def test_wan_stack_compiles_once_on_cuda():
     with torch.inference_mode():
         for batch in batches:
             dit(batch, attention)
-    assert dit._layers.num_compiles == 1
+    assert [part.num_compiles for part in parts.parts] == [1]
 
 
 @pytest.mark.gpu
@@ -51,7 +54,7 @@ def test_zimage_stacks_compile_once_on_cuda():
     from mstar.models.zimage.weights import build_dit
 
     dit = build_dit(TINY.dit, "cuda", torch.bfloat16)
-    dit.compile_layers("deterministic")
+    parts = compile_methods(dit, type(dit).compiled_methods, "deterministic", "zimage.dit", **SERVED_OPTIONS)
     attention = build_attention("torch", "cuda", torch.bfloat16)
 
     def item(height, width, num_caption):
@@ -65,4 +68,4 @@ def test_zimage_stacks_compile_once_on_cuda():
             [item(8, 8, 20), item(10, 12, 3), item(12, 10, 7)],
         ):
             dit(batch, attention)
-    assert [part.num_compiles for part in dit._compiled_parts()] == [1, 1]
+    assert [part.num_compiles for part in parts.parts] == [1, 1]

@@ -8,8 +8,8 @@ import torch
 
 from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS, PromptEmbedsCache
-from mstar.models.wan22.nodes import WanTextEncoderNode
 from tests.models.test_prompt_encoders import wan_encoder
+from tests.models.text_params import text_params, wan_text_node
 
 
 class CountingEncoder:
@@ -24,15 +24,12 @@ class CountingEncoder:
 
 
 def guided(request_id: str, prompt: str, negative: str | None = None) -> RequestState:
-    params = {"prompt": prompt, "guidance_scale": 5.0}
-    if negative is not None:
-        params["negative_prompt"] = negative
-    return RequestState(request_id, params)
+    return RequestState(request_id, text_params(prompt, 5.0, negative))
 
 
 def test_each_new_text_is_encoded_once_and_repeats_come_from_the_cache():
     encoder = CountingEncoder()
-    node = WanTextEncoderNode(encoder)
+    node = wan_text_node(encoder)
     first = [guided("a", "a fox"), guided("b", "a lighthouse"), guided("c", "a fox", "blurry")]
     node.forward(first)
     assert encoder.calls == [["a fox", "", "a lighthouse", "blurry"]]
@@ -47,14 +44,14 @@ def test_each_new_text_is_encoded_once_and_repeats_come_from_the_cache():
 
 def test_unguided_requests_encode_no_negative_prompt():
     encoder = CountingEncoder()
-    request = RequestState("a", {"prompt": "a fox", "guidance_scale": 1.0})
-    WanTextEncoderNode(encoder).forward([request])
+    request = RequestState("a", text_params("a fox", 1.0))
+    wan_text_node(encoder).forward([request])
     assert encoder.calls == [["a fox"]] and set(request.tensors) == {PROMPT_EMBEDS}
 
 
 def test_a_zero_budget_turns_the_cache_off():
     encoder = CountingEncoder()
-    node = WanTextEncoderNode(encoder, max_cached_bytes=0)
+    node = wan_text_node(encoder, max_cached_bytes=0)
     node.forward([guided("a", "a fox")])
     node.forward([guided("b", "a fox")])
     assert encoder.calls == [["a fox", ""], ["a fox", ""]] and len(node.cache) == 0
@@ -74,7 +71,7 @@ def test_the_least_recently_used_text_goes_first_when_over_budget():
 
 def test_a_cached_embedding_equals_a_fresh_forward_of_the_real_encoder():
     encoder = wan_encoder()
-    node = WanTextEncoderNode(encoder)
+    node = wan_text_node(encoder)
     cached_run, fresh_run = guided("a", "a lighthouse at night"), guided("b", "a lighthouse at night")
     node.forward([cached_run])
     node.forward([fresh_run])

@@ -11,10 +11,10 @@ import torch
 
 from mstar.models.text_fallback import FallbackTokenizer, fallback_tokenizer
 from mstar.models.wan22.config import tiny_wan22_config
-from mstar.models.wan22.text_encoder import PromptEncoder as WanPromptEncoder
+from mstar.models.wan22.text_encoder import UMT5PromptEncoder as WanPromptEncoder
 from mstar.models.wan22.text_encoder import build_umt5
 from mstar.models.zimage.config import TINY
-from mstar.models.zimage.text_encoder import PromptEncoder as ZImagePromptEncoder
+from mstar.models.zimage.text_encoder import Qwen3PromptEncoder as ZImagePromptEncoder
 from mstar.models.zimage.text_encoder import build_qwen3
 
 PROMPTS = ["a fox", "a lighthouse on a rocky coast during a storm, waves crashing", ""]

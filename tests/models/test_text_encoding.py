@@ -6,8 +6,7 @@ import pytest
 
 from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
-from mstar.models.wan22.text_encoder import WanTextEncoderNode
-from mstar.models.zimage.text_encoder import TextEncoderNode
+from tests.models.text_params import text_params, wan_text_node, zimage_text_node
 
 
 class EchoEncoder:
@@ -22,13 +21,10 @@ class EchoEncoder:
 
 
 def _request(request_id: str, guidance_scale: float, negative_prompt: str | None = None) -> RequestState:
-    params = {"prompt": f"p{request_id}", "guidance_scale": guidance_scale}
-    if negative_prompt is not None:
-        params["negative_prompt"] = negative_prompt
-    return RequestState(request_id, params)
+    return RequestState(request_id, text_params(f"p{request_id}", guidance_scale, negative_prompt))
 
 
-@pytest.mark.parametrize(("node_class", "guided_at"), [(WanTextEncoderNode, 1.5), (TextEncoderNode, 0.5)])
+@pytest.mark.parametrize(("node_class", "guided_at"), [(wan_text_node, 1.5), (zimage_text_node, 0.5)])
 def test_negative_prompts_follow_the_models_guidance_rule(node_class, guided_at):
     encoder = EchoEncoder()
     node = node_class(encoder, max_batch_size=4, max_cached_bytes=0)
@@ -53,9 +49,8 @@ class WarmingEncoder(EchoEncoder):
         self.num_warmups += 1
 
 
-@pytest.mark.parametrize("node_class", [WanTextEncoderNode, TextEncoderNode])
-def test_the_node_warms_up_an_encoder_that_has_a_warmup(node_class):
+@pytest.mark.parametrize("node_class", [wan_text_node, zimage_text_node])
+def test_the_node_warms_up_its_encoder(node_class):
     encoder = WarmingEncoder()
     node_class(encoder).warmup()
-    node_class(EchoEncoder()).warmup()  # one without a warmup is fine
     assert encoder.num_warmups == 1

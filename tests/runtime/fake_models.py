@@ -18,12 +18,28 @@ from typing import Any
 import numpy as np
 
 from mstar.graph import BuildContext, Loop, ModelSpec, Node, Parallel, RequestState, Walk
+from mstar.params import RequestParams
 
 SPEC_PATH = "tests.runtime.fake_models:FakeSpec"
 
 
+class FakeParams(RequestParams, kw_only=True):
+    """The per-request knobs of the module docstring."""
+
+    seed: int = 0
+    steps: int = 3
+    key: str = "shared"
+    cost: int = 1
+    step_sleep_s: float = 0.0
+    num_frames: int = 1
+    fail: str | None = None
+    release_log: str | None = None
+    recompile: bool = False
+    oom: bool = False
+
+
 def _log_release(node: Node, request: RequestState) -> None:
-    path = request.params.get("release_log")
+    path = request.params.release_log
     if path:
         with open(path, "a") as log_file:
             log_file.write(f"{os.getpid()} {node.name} {request.request_id}\n")
@@ -40,14 +56,14 @@ class EncoderNode(LoggingNode):
     max_batch_size = 8
 
     def prepare(self, request: RequestState) -> None:
-        if request.params.get("fail") == "encoder.prepare":
+        if request.params.fail == "encoder.prepare":
             raise ValueError("bad prompt")
 
     def forward(self, batch: list[RequestState]) -> None:
         for request in batch:
             image = request.tensors.get("image")
             extra = float(image.sum()) if image is not None else 0.0
-            request.tensors["embeds"] = np.full(4, request.params["seed"] + extra, dtype=np.float32)
+            request.tensors["embeds"] = np.full(4, request.params.seed + extra, dtype=np.float32)
 
 
 class AuxNode(LoggingNode):
@@ -56,7 +72,7 @@ class AuxNode(LoggingNode):
 
     def forward(self, batch: list[RequestState]) -> None:
         for request in batch:
-            request.tensors["aux"] = np.arange(3, dtype=np.float32) * request.params["seed"]
+            request.tensors["aux"] = np.arange(3, dtype=np.float32) * request.params.seed
 
 
 class DenoiserNode(LoggingNode):
@@ -71,21 +87,21 @@ class DenoiserNode(LoggingNode):
         return self._num_recompiles
 
     def prepare(self, request: RequestState) -> None:
-        steps = int(request.params.get("steps", 3))
+        steps = request.params.steps
         request.state[self.name] = {"step": 0, "total": steps, "batch_sizes": []}
         request.tensors["latents"] = request.tensors["embeds"] + request.tensors["aux"].sum()
 
     def batch_key(self, request: RequestState) -> Any:
-        return request.params.get("key", "shared")
+        return request.params.key
 
     def step_cost(self, request: RequestState) -> int:
-        return int(request.params.get("cost", 1))
+        return int(request.params.cost)
 
     def forward(self, batch: list[RequestState]) -> None:
-        if any(r.params.get("fail") == "denoiser.forward" for r in batch):
+        if any(r.params.fail == "denoiser.forward" for r in batch):
             raise RuntimeError("kernel exploded")
-        time.sleep(max(float(r.params.get("step_sleep_s", 0.0)) for r in batch))
-        self._num_recompiles += sum(1 for r in batch if r.params.get("recompile"))
+        time.sleep(max(float(r.params.step_sleep_s) for r in batch))
+        self._num_recompiles += sum(1 for r in batch if r.params.recompile)
         for request in batch:
             state = request.state[self.name]
             state["step"] += 1
@@ -95,7 +111,7 @@ class DenoiserNode(LoggingNode):
 
     def check_stop(self, request: RequestState) -> bool:
         state = request.state[self.name]
-        if request.params.get("fail") == "denoiser.stop" and state["step"] == 2:
+        if request.params.fail == "denoiser.stop" and state["step"] == 2:
             raise ValueError("stop rule broke")
         return state["step"] >= state["total"]
 
@@ -111,7 +127,7 @@ class DecoderNode(LoggingNode):
     def forward(self, batch: list[RequestState]) -> None:
         for request in batch:
             value = int(request.tensors["latents"].mean()) % 256
-            num_frames = int(request.params.get("num_frames", 1))
+            num_frames = int(request.params.num_frames)
             frames = np.stack(
                 [np.full((2, 2, 3), (value + i) % 256, dtype=np.uint8) for i in range(num_frames)]
             )
@@ -119,7 +135,7 @@ class DecoderNode(LoggingNode):
                 request.tensors["frames"] = frames
                 continue
             for index, frame in enumerate(frames):  # a frame at a time, as a clip's VAE chunks
-                if index == 1 and request.params.get("fail") == "decoder.mid_clip":
+                if index == 1 and request.params.fail == "decoder.mid_clip":
                     raise RuntimeError("decoder broke after the first piece")
                 request.emit_output("frames", frame[None])
 
@@ -131,6 +147,7 @@ class FakeSpec(ModelSpec):
     name = "fake"
     task = "text-to-image"
     output_kind = "image"
+    params_type = FakeParams
     node_names = ("encoder", "aux", "denoiser", "decoder")
     walks = {
         "encode": Walk("encode", (Parallel(("encoder", "aux")),), outputs=("embeds", "aux")),
@@ -140,13 +157,13 @@ class FakeSpec(ModelSpec):
     def limits(self) -> dict[str, Any]:
         return {}
 
-    def validate(self, params: Any) -> dict[str, Any]:
-        return {"seed": params.seed or 0}
+    def validate(self, params: Any) -> FakeParams:
+        return FakeParams(seed=params.seed or 0)
 
-    def first_walk(self, params: dict[str, Any]) -> str:
+    def first_walk(self, params: FakeParams) -> str:
         return "encode"
 
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: FakeParams, finished: str) -> str | None:
         return "generate" if finished == "encode" else None
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
@@ -181,7 +198,7 @@ class TorchNode(Node):
 
         for request in batch:
             if self.name == "make":  # bf16 [2, 3] on the node's device
-                values = torch.arange(6, dtype=torch.float32).reshape(2, 3) * request.params["seed"]
+                values = torch.arange(6, dtype=torch.float32).reshape(2, 3) * request.params.seed
                 request.tensors["x"] = values.to(device=self.device, dtype=torch.bfloat16)
             elif self.name == "scale":
                 x = request.tensors["x"].to(self.device)  # arrives on CPU from another worker
@@ -193,7 +210,7 @@ class TorchNode(Node):
                 request.tensors["frames"] = x.float().clamp(0, 255).to(torch.uint8).reshape(1, 2, 3, 1)
 
     def check_stop(self, request: RequestState) -> bool:
-        return request.state.get("scale", 0) >= request.params.get("steps", 2)
+        return request.state.get("scale", 0) >= request.params.steps
 
 
 class TorchSpec(FakeSpec):
@@ -202,10 +219,10 @@ class TorchSpec(FakeSpec):
     node_names = ("make", "scale", "finish")
     walks = {"run": Walk("run", ("make", Loop("scale"), "finish"), outputs=("frames", "x"))}
 
-    def first_walk(self, params: dict[str, Any]) -> str:
+    def first_walk(self, params: FakeParams) -> str:
         return "run"
 
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: FakeParams, finished: str) -> str | None:
         return None
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
@@ -215,10 +232,10 @@ class TorchSpec(FakeSpec):
 class WarmupSpec(FakeSpec):
     """Sends one request through the whole walk at boot, before the runtime is ready."""
 
-    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
-        return [{"seed": 7, "steps": 2, "release_log": config.api_key}]  # api_key: the test's log path
+    def warmup_requests(self, config: Any) -> list[FakeParams]:
+        return [FakeParams(seed=7, steps=2, release_log=config.api_key)]  # api_key: the test's log path
 
 
 class BrokenWarmupSpec(FakeSpec):
-    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
-        return [{"seed": 7, "fail": "denoiser.forward"}]
+    def warmup_requests(self, config: Any) -> list[FakeParams]:
+        return [FakeParams(seed=7, fail="denoiser.forward")]

@@ -15,7 +15,7 @@ from mstar.runtime.conductor import Conductor
 from mstar.runtime.events import Done, Failed, Piece
 from mstar.runtime.metrics import NullMetrics
 from mstar.runtime.shm import SegmentStore
-from tests.runtime.fake_models import FakeSpec
+from tests.runtime.fake_models import FakeParams, FakeSpec
 
 
 class RecordingPool:
@@ -62,7 +62,7 @@ def _events(handle) -> list:
 
 def test_pieces_are_joined_for_a_caller_that_takes_outputs_whole(setup):
     conductor, store = setup
-    handle = conductor.submit({"seed": 1}, None, None, "whole")
+    handle = conductor.submit(FakeParams(seed=1), None, None, "whole")
     _to_final_walk(conductor, "1")
     for index in range(3):
         conductor.handle_message(m.OutputPiece("1", index, store.write("1", "frames", _frames(index))))
@@ -75,7 +75,7 @@ def test_pieces_are_joined_for_a_caller_that_takes_outputs_whole(setup):
 
 def test_a_streaming_caller_gets_the_pieces_as_events(setup):
     conductor, store = setup
-    handle = conductor.submit({"seed": 1}, None, None, "streamed", frozenset({"frames"}))
+    handle = conductor.submit(FakeParams(seed=1), None, None, "streamed", frozenset({"frames"}))
     _to_final_walk(conductor, "1")
     for index in range(2):
         conductor.handle_message(m.OutputPiece("1", index, store.write("1", "frames", _frames(index))))
@@ -88,7 +88,7 @@ def test_a_streaming_caller_gets_the_pieces_as_events(setup):
 @pytest.mark.parametrize("problem", ["missing", "out_of_order"])
 def test_missing_or_reordered_pieces_fail_the_request(setup, problem):
     conductor, store = setup
-    handle = conductor.submit({"seed": 1}, None, None, "broken")
+    handle = conductor.submit(FakeParams(seed=1), None, None, "broken")
     _to_final_walk(conductor, "1")
     indices = [0, 2] if problem == "out_of_order" else [0, 1]
     for index in indices:

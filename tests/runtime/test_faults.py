@@ -9,10 +9,10 @@ from mstar.config import NodeGroup
 from mstar.errors import Overloaded, RequestFailed
 from mstar.runtime.events import Failed
 from mstar.runtime.runtime import Runtime
-from tests.runtime.fake_models import BrokenBootSpec, FakeSpec, expected_frame_value
+from tests.runtime.fake_models import BrokenBootSpec, FakeParams, FakeSpec, expected_frame_value
 from tests.runtime.helpers import final_event, make_config, run, until_progress, wait_for
 
-LONG = {"seed": 1, "steps": 1000, "step_sleep_s": 0.02}
+LONG = FakeParams(seed=1, steps=1000, step_sleep_s=0.02)
 
 
 def _process_exists(pid: int) -> bool:
@@ -38,7 +38,7 @@ def test_killed_worker_fails_its_requests_and_is_restarted(loop):
         run(loop, wait_for(lambda: runtime.ready, timeout_s=20.0))
         new_pids = runtime.worker_pids()
         assert new_pids[0] == old_pids[0] and new_pids[1] not in (None, old_pids[1])
-        outputs = run(loop, runtime.submit({"seed": 7, "steps": 3}).result())
+        outputs = run(loop, runtime.submit(FakeParams(seed=7, steps=3)).result())
         assert int(outputs["frames"][0, 0, 0, 0]) == expected_frame_value(7, 3)
     finally:
         run(loop, runtime.shutdown(timeout_s=1.0))
@@ -57,7 +57,7 @@ def test_frozen_worker_is_killed_after_the_heartbeat_timeout(loop):
         assert isinstance(event, Failed) and event.kind == "worker_died"
         assert not _process_exists(frozen_pid)
         run(loop, wait_for(lambda: runtime.ready, timeout_s=20.0))
-        outputs = run(loop, runtime.submit({"seed": 2, "steps": 2}).result())
+        outputs = run(loop, runtime.submit(FakeParams(seed=2, steps=2)).result())
         assert int(outputs["frames"][0, 0, 0, 0]) == expected_frame_value(2, 2)
     finally:
         run(loop, runtime.shutdown(timeout_s=1.0))
@@ -69,11 +69,11 @@ def test_stalled_worker_is_not_ready_holds_admission_and_recovers(loop):
     run(loop, runtime.start())
     frozen_pid = runtime.worker_pids()[0]
     try:
-        running = runtime.submit({"seed": 3, "steps": 30, "step_sleep_s": 0.02})
+        running = runtime.submit(FakeParams(seed=3, steps=30, step_sleep_s=0.02))
         run(loop, until_progress(running.events(), 1))
         os.kill(frozen_pid, signal.SIGSTOP)
         run(loop, wait_for(lambda: not runtime.ready, timeout_s=20.0))  # two beats missed
-        waiting = runtime.submit({"seed": 4, "steps": 2})
+        waiting = runtime.submit(FakeParams(seed=4, steps=2))
         assert runtime.stats().num_waiting == 1, "a request went to a stalled worker"
         os.kill(frozen_pid, signal.SIGCONT)
         run(loop, wait_for(lambda: runtime.ready, timeout_s=20.0))
@@ -93,17 +93,17 @@ def test_queue_full_raises_overloaded_over_tcp_and_no_restart_fails_fast(loop):
     run(loop, runtime.start())
     try:
         running = runtime.submit(LONG)
-        waiting = runtime.submit({"seed": 4, "steps": 2})
+        waiting = runtime.submit(FakeParams(seed=4, steps=2))
         assert (runtime.stats().num_running, runtime.stats().num_waiting) == (1, 1)
         with pytest.raises(Overloaded):
-            runtime.submit({"seed": 5})
+            runtime.submit(FakeParams(seed=5))
         run(loop, until_progress(running.events(), 1))
         assert runtime.abort(running.request_id)
         assert int(run(loop, waiting.result())["frames"][0, 0, 0, 0]) == expected_frame_value(4, 2)
         os.kill(runtime.worker_pids()[0], signal.SIGKILL)  # and worker_restart is off
         run(loop, wait_for(lambda: not runtime.ready))
         with pytest.raises(RequestFailed) as failure:
-            run(loop, runtime.submit({"seed": 1}).result())
+            run(loop, runtime.submit(FakeParams(seed=1)).result())
         assert failure.value.kind == "worker_died"
     finally:
         run(loop, runtime.shutdown(timeout_s=1.0))
@@ -133,7 +133,7 @@ def test_shutdown_fails_in_flight_requests_and_leaves_nothing(loop):
     assert not any(_process_exists(pid) for pid in pids)
     assert runtime._store.list_segments() == [] and not os.path.exists(run_dir)
     with pytest.raises(Overloaded):
-        runtime.submit({"seed": 1})
+        runtime.submit(FakeParams(seed=1))
 
 
 def test_placement_errors_surface_before_any_process_starts():

@@ -7,11 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mstar.params import decode_params, encode_params
 from mstar.runtime import messages as m
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.tensors import export_tensors, import_outputs, import_tensors
+from tests.runtime.fake_models import FakeParams
 
 REPO = Path(__file__).resolve().parents[2]
+PARAMS = encode_params(FakeParams(seed=1, steps=3))
 
 SAMPLES = [
     m.Ready(0, 1, "ipc:///tmp/x.sock"),
@@ -23,19 +26,48 @@ SAMPLES = [
     m.StepStats("dit", 2, 9, 0.5),
     m.Recompiles("dit", 1),
     m.NodeEvents("text_encoder", {"prompt_cache_hits": 2}),
-    m.RunWalk("a", "req", {"prompt": "x", "steps": 3, "size": [2, 3]}, "encode", m.CONDUCTOR, [], True),
+    m.RunWalk("a", "req", PARAMS, "encode", m.CONDUCTOR, [], True),
     m.Release("a"),
     m.Peers(["ipc:///a", ""]),
     m.Peers(["ipc:///a", "ipc:///b"], 3),
     m.PeersKnown(1, 2, 3),
     m.Shutdown(),
-    m.Handoff("stage", "a", "req", {"seed": 1}, "generate", 1, -1, 0, []),
+    m.Handoff("stage", "a", "req", PARAMS, "generate", 1, -1, 0, []),
 ]
 
 
 @pytest.mark.parametrize("message", SAMPLES, ids=lambda msg: type(msg).__name__)
 def test_every_message_round_trips_through_msgpack(message):
     assert m.decode(m.encode(message)) == message
+
+
+def test_params_ride_as_msgpack_and_decode_into_the_specs_struct():
+    run = m.decode(m.encode(m.RunWalk("a", "req", PARAMS, "encode", m.CONDUCTOR)))
+    assert decode_params(run.params, FakeParams) == FakeParams(seed=1, steps=3)
+
+
+def test_params_of_another_shape_do_not_decode():
+    import msgspec
+
+    from mstar.params import VideoParams
+
+    with pytest.raises(msgspec.ValidationError):
+        decode_params(PARAMS, VideoParams)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        m.RequestError("a", "boom", "exploded"),
+        m.Handoff("teleport", "a", "req", PARAMS, "generate", 1, -1, 0),
+    ],
+    ids=["failure kind", "handoff part"],
+)
+def test_a_value_outside_its_literal_type_does_not_decode(message):
+    import msgspec
+
+    with pytest.raises(msgspec.ValidationError):
+        m.decode(m.encode(message))
 
 
 def test_tensors_round_trip_through_segments_and_are_unlinked(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 from mstar.errors import RequestFailed
 from mstar.runtime.events import Done, Failed, Piece, Progress
 from mstar.runtime.runtime import Runtime
-from tests.runtime.fake_models import FakeSpec, expected_frame_value
+from tests.runtime.fake_models import FakeParams, FakeSpec, expected_frame_value
 from tests.runtime.helpers import final_event, make_config, run, until_progress, wait_for
 
 
@@ -59,7 +59,7 @@ def test_boot_progress_reaches_the_start_callback(runtime):
 
 def test_request_crosses_both_workers_with_tensors(loop, runtime):
     image = np.ones((2, 3), np.float32)  # adds 6 to the embeddings
-    handle = runtime.submit({"seed": 5, "steps": 4}, inputs={"image": image}, request_id="cross")
+    handle = runtime.submit(FakeParams(seed=5, steps=4), inputs={"image": image}, request_id="cross")
     events = run(loop, _collect(handle))
     steps = [(e.step, e.total) for e in events if isinstance(e, Progress)]
     # Progress comes from the loop's worker and Done from another one: a step's event may be
@@ -72,10 +72,10 @@ def test_request_crosses_both_workers_with_tensors(loop, runtime):
 
 
 def test_requests_join_a_running_loop_and_leave_it(loop, runtime):
-    long = runtime.submit({"seed": 1, "steps": 8, "step_sleep_s": 0.05})
+    long = runtime.submit(FakeParams(seed=1, steps=8, step_sleep_s=0.05))
     long_events = long.events()
     run(loop, until_progress(long_events, 2))
-    short = runtime.submit({"seed": 2, "steps": 2, "step_sleep_s": 0.05})
+    short = runtime.submit(FakeParams(seed=2, steps=2, step_sleep_s=0.05))
     short_sizes = run(loop, short.result())["batch_sizes"].tolist()
     long_sizes = run(loop, long.result())["batch_sizes"].tolist()
     assert short_sizes == [2, 2]
@@ -84,7 +84,7 @@ def test_requests_join_a_running_loop_and_leave_it(loop, runtime):
 
 def test_abort_mid_loop_frees_state_on_every_worker(loop, runtime, tmp_path):
     release_log = tmp_path / "releases.txt"
-    params = {"seed": 1, "steps": 500, "step_sleep_s": 0.01, "release_log": str(release_log)}
+    params = FakeParams(seed=1, steps=500, step_sleep_s=0.01, release_log=str(release_log))
     handle = runtime.submit(params, request_id="to-abort")
     events = handle.events()
     run(loop, until_progress(events, 3))
@@ -105,8 +105,8 @@ def test_abort_mid_loop_frees_state_on_every_worker(loop, runtime, tmp_path):
 
 
 def test_one_request_fails_while_its_batch_mates_finish(loop, runtime):
-    bad = runtime.submit({"seed": 1, "steps": 5, "fail": "denoiser.stop", "step_sleep_s": 0.02})
-    good = runtime.submit({"seed": 3, "steps": 5, "step_sleep_s": 0.02})
+    bad = runtime.submit(FakeParams(seed=1, steps=5, fail="denoiser.stop", step_sleep_s=0.02))
+    good = runtime.submit(FakeParams(seed=3, steps=5, step_sleep_s=0.02))
     with pytest.raises(RequestFailed, match="stop rule broke") as failure:
         run(loop, bad.result())
     assert failure.value.kind == "error"
@@ -114,9 +114,9 @@ def test_one_request_fails_while_its_batch_mates_finish(loop, runtime):
 
 
 def test_forward_failure_fails_only_its_batch(loop, runtime):
-    boom = runtime.submit({"seed": 1, "steps": 3, "key": "k1", "fail": "denoiser.forward"})
-    fine = runtime.submit({"seed": 2, "steps": 3, "key": "k2"})
-    bad_prepare = runtime.submit({"seed": 2, "fail": "encoder.prepare"})
+    boom = runtime.submit(FakeParams(seed=1, steps=3, key="k1", fail="denoiser.forward"))
+    fine = runtime.submit(FakeParams(seed=2, steps=3, key="k2"))
+    bad_prepare = runtime.submit(FakeParams(seed=2, fail="encoder.prepare"))
     with pytest.raises(RequestFailed, match="kernel exploded"):
         run(loop, boom.result())
     with pytest.raises(RequestFailed, match="bad prompt"):
@@ -125,14 +125,14 @@ def test_forward_failure_fails_only_its_batch(loop, runtime):
 
 
 def test_deadline_fails_the_request_with_timeout(loop, runtime):
-    handle = runtime.submit({"seed": 1, "steps": 500, "step_sleep_s": 0.01}, timeout_s=0.5)
+    handle = runtime.submit(FakeParams(seed=1, steps=500, step_sleep_s=0.01), timeout_s=0.5)
     event = run(loop, final_event(handle.events()))
     assert isinstance(event, Failed) and event.kind == "timeout"
     run(loop, wait_for(lambda: runtime.stats().num_worker_requests == (0, 0)))
 
 
 def test_no_shared_memory_is_left_after_requests(loop, runtime):
-    handles = [runtime.submit({"seed": seed, "steps": 2}) for seed in range(6)]
+    handles = [runtime.submit(FakeParams(seed=seed, steps=2)) for seed in range(6)]
     for seed, handle in enumerate(handles):
         assert int(run(loop, handle.result())["frames"][0, 0, 0, 0]) == expected_frame_value(seed, 2)
     assert runtime._store.list_segments() == []
@@ -144,7 +144,7 @@ def test_metrics_see_steps_endings_and_recompiles(loop, runtime):
     before, walks_before = len(metrics.ends), len(metrics.walks)
     run(
         loop,
-        runtime.submit({"seed": 1, "steps": 2, "recompile": True, "cost": 3, "step_sleep_s": 0.05}).result(),
+        runtime.submit(FakeParams(seed=1, steps=2, recompile=True, cost=3, step_sleep_s=0.05)).result(),
     )
     assert metrics.ends[before:] == ["completed"]
     walks = metrics.walks[walks_before:]
@@ -171,11 +171,11 @@ async def _collect(handle):
 
 def test_frames_sent_in_pieces_reach_callers_whole_or_streamed(loop, runtime):
     first = expected_frame_value(4, 2)
-    whole = run(loop, runtime.submit({"seed": 4, "steps": 2, "num_frames": 3}).result())["frames"]
+    whole = run(loop, runtime.submit(FakeParams(seed=4, steps=2, num_frames=3)).result())["frames"]
     assert whole.shape == (3, 2, 2, 3)
     assert [int(frame[0, 0, 0]) for frame in whole] == [first, first + 1, first + 2]
 
-    streamed = runtime.submit({"seed": 4, "steps": 2, "num_frames": 3}, stream_outputs=("frames",))
+    streamed = runtime.submit(FakeParams(seed=4, steps=2, num_frames=3), stream_outputs=("frames",))
     events = run(loop, _collect(streamed))
     pieces = [event for event in events if isinstance(event, Piece)]
     assert [(p.key, p.index, p.value.shape) for p in pieces] == [
@@ -188,12 +188,12 @@ def test_frames_sent_in_pieces_reach_callers_whole_or_streamed(loop, runtime):
 
 @pytest.mark.parametrize("stream_outputs", [(), ("frames",)])
 def test_a_failure_after_the_first_piece_fails_the_request(loop, runtime, stream_outputs):
-    params = {"seed": 1, "steps": 2, "num_frames": 3, "fail": "decoder.mid_clip"}
+    params = FakeParams(seed=1, steps=2, num_frames=3, fail="decoder.mid_clip")
     events = run(loop, _collect(runtime.submit(params, stream_outputs=stream_outputs)))
     kinds = [type(event) for event in events if not isinstance(event, Progress)]
     assert kinds == ([Piece] if stream_outputs else []) + [Failed]
     assert "decoder broke after the first piece" in events[-1].message
     run(loop, wait_for(lambda: runtime.stats().num_worker_requests == (0, 0)))
     assert runtime._store.list_segments() == []
-    fine = run(loop, runtime.submit({"seed": 2, "steps": 2, "num_frames": 2}).result())["frames"]
+    fine = run(loop, runtime.submit(FakeParams(seed=2, steps=2, num_frames=2)).result())["frames"]
     assert fine.shape == (2, 2, 2, 3)

@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 import zmq
 
+from mstar.params import encode_params
 from mstar.runtime import messages as m
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_loop import StepLoop
 from mstar.runtime.tensors import export_tensors, import_outputs
 from mstar.runtime.transport import Outboxes
-from tests.runtime.fake_models import NODE_CLASSES, FakeSpec, expected_frame_value
+from tests.runtime.fake_models import NODE_CLASSES, FakeParams, FakeSpec, expected_frame_value
 
 
 @pytest.fixture
@@ -45,7 +46,9 @@ def start_generate(loop, store, rid, **params):
     seed = params.setdefault("seed", 1)
     tensors = {"embeds": np.full(4, seed, np.float32), "aux": np.arange(3, dtype=np.float32) * seed}
     refs = export_tensors(store, rid, tensors)
-    loop.handle(m.RunWalk(rid, f"req-{rid}", params, "generate", m.CONDUCTOR, refs))
+    loop.handle(
+        m.RunWalk(rid, f"req-{rid}", encode_params(FakeParams(**params)), "generate", m.CONDUCTOR, refs)
+    )
 
 
 def outputs_of(sent, store, rid):
@@ -64,12 +67,12 @@ def errors(sent):
 
 
 def test_walks_run_in_order_and_keep_only_declared_outputs(loop, store, sent):
-    loop.handle(m.RunWalk("a", "req-a", {"seed": 2, "steps": 3}, "encode", next_worker=0))
+    loop.handle(m.RunWalk("a", "req-a", encode_params(FakeParams(seed=2, steps=3)), "encode", next_worker=0))
     run_until_idle(loop)
     assert [type(msg) for msg in sent if not isinstance(msg, m.StepStats)] == [m.WalkDone]
     assert set(loop.table.get("a").state.tensors) == {"embeds", "aux"}
 
-    loop.handle(m.RunWalk("a", "req-a", {"seed": 2, "steps": 3}, "generate", m.CONDUCTOR))
+    loop.handle(m.RunWalk("a", "req-a", encode_params(FakeParams(seed=2, steps=3)), "generate", m.CONDUCTOR))
     run_until_idle(loop)
     outputs = outputs_of(sent, store, "a")
     assert set(outputs) == {"frames", "batch_sizes"}  # "latents" was not a declared output
@@ -144,7 +147,9 @@ def test_node_event_counts_are_reported_as_increases(loop, sent):
     encoder.event_counts = lambda: dict(totals)
     for rid, (hits, misses) in zip("abc", [(0, 2), (0, 2), (3, 2)], strict=True):
         totals.update(cache_hits=hits, cache_misses=misses)
-        loop.handle(m.RunWalk(rid, f"req-{rid}", {"seed": 1, "steps": 1}, "encode", next_worker=0))
+        loop.handle(
+            m.RunWalk(rid, f"req-{rid}", encode_params(FakeParams(seed=1, steps=1)), "encode", next_worker=0)
+        )
         run_until_idle(loop)
     events = [(msg.node, msg.increments) for msg in sent if isinstance(msg, m.NodeEvents)]
     assert events == [("encoder", {"cache_misses": 2}), ("encoder", {"cache_hits": 3})]
@@ -155,7 +160,7 @@ def test_a_failing_event_count_reports_nothing(loop, sent):
         raise RuntimeError("counter unavailable")
 
     loop.queues["encoder"].node.event_counts = broken
-    loop.handle(m.RunWalk("a", "req-a", {"seed": 1, "steps": 1}, "encode", next_worker=0))
+    loop.handle(m.RunWalk("a", "req-a", encode_params(FakeParams(seed=1, steps=1)), "encode", next_worker=0))
     run_until_idle(loop)
     assert not [msg for msg in sent if isinstance(msg, m.NodeEvents)]
     assert not errors(sent)
@@ -181,7 +186,9 @@ def test_a_walk_that_is_not_the_last_keeps_its_outputs_whole(loop, store, sent):
     seed = 1
     tensors = {"embeds": np.full(4, seed, np.float32), "aux": np.arange(3, dtype=np.float32) * seed}
     refs = export_tensors(store, "mid", tensors)
-    loop.handle(m.RunWalk("mid", "req-mid", {"seed": seed, "num_frames": 3}, "generate", 0, refs))
+    loop.handle(
+        m.RunWalk("mid", "req-mid", encode_params(FakeParams(seed=seed, num_frames=3)), "generate", 0, refs)
+    )
     run_until_idle(loop)
     assert not [msg for msg in sent if isinstance(msg, m.OutputPiece)]
     assert loop.table.get("mid").state.tensors["frames"].shape == (3, 2, 2, 3)

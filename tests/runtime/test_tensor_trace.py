@@ -11,8 +11,10 @@ import torch
 
 from mstar.config import ServerConfig
 from mstar.graph import RequestState
+from mstar.models.wan22.model import WanParams
 from mstar.runtime.runtime import Runtime
 from mstar.runtime.tensor_trace import TRACE_ENV, TensorTracer, first_divergences, tensor_digest
+from tests.runtime.fake_models import FakeParams
 from tests.serving.tiny_specs import TINY_WAN_PATH, TinyWanSpec
 
 TIMEOUT_S = 60.0
@@ -31,7 +33,7 @@ def test_digest_reads_content_dtype_and_shape():
 
 def test_a_line_lists_only_tensors_new_since_the_last(tmp_path):
     tracer = TensorTracer(worker=3, out_dir=tmp_path)
-    state = RequestState("r1", {"seed": 5, "prompt": "p"}, tensors={"a": torch.ones(2)})
+    state = RequestState("r1", FakeParams(seed=5), tensors={"a": torch.ones(2)})
     tracer.after_forward("enc", [state])
     state.tensors["b"] = torch.zeros(2)
     tracer.after_forward("enc", [state])
@@ -50,10 +52,12 @@ def test_off_without_the_environment_variable(monkeypatch, tmp_path):
     monkeypatch.delenv(TRACE_ENV, raising=False)
     tracer = TensorTracer.from_env(0)
     assert not tracer.enabled
-    tracer.after_forward("enc", [RequestState("r", {}, tensors={"a": torch.ones(1)})])  # nothing written
+    tracer.after_forward(
+        "enc", [RequestState("r", FakeParams(), tensors={"a": torch.ones(1)})]
+    )  # nothing written
 
 
-async def _run_requests(config: ServerConfig, requests: list[dict]) -> None:
+async def _run_requests(config: ServerConfig, requests: list[WanParams]) -> None:
     runtime = Runtime(config, TinyWanSpec())
     await runtime.start()
     try:
@@ -70,7 +74,8 @@ def test_same_request_twice_traces_the_same_hashes_at_every_node_and_step(monkey
         "prompt": "a red fox", "num_inference_steps": NUM_STEPS, "width": 32, "height": 32,
         "num_frames": 5, "fps": 8, "guidance_scale": 4.0, "image_to_video": False,
     }  # fmt: skip
-    asyncio.run(_run_requests(config, [{**base, "seed": 1}, {**base, "seed": 2}, {**base, "seed": 1}]))
+    requests = [WanParams(**base, seed=seed) for seed in (1, 2, 1)]
+    asyncio.run(_run_requests(config, requests))
     per_request: dict[str, list[tuple]] = defaultdict(list)
     for path in tmp_path.glob("worker*.jsonl"):
         for line in map(json.loads, path.read_text().splitlines()):
@@ -88,7 +93,7 @@ def test_same_request_twice_traces_the_same_hashes_at_every_node_and_step(monkey
 def test_the_comparison_names_the_first_node_and_step_that_differ(tmp_path):
     tracer = TensorTracer(worker=0, out_dir=tmp_path)
     for request_id, last_step in (("first", 1.0), ("again", 2.0)):
-        state = RequestState(request_id, {"seed": 9, "prompt": "p"}, tensors={"embeds": torch.ones(2)})
+        state = RequestState(request_id, FakeParams(seed=9), tensors={"embeds": torch.ones(2)})
         tracer.after_forward("text_encoder", [state])
         for step in (0.0, last_step):
             state.state["dit"] = {"latents": torch.full((2,), step)}

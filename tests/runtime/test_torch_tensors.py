@@ -5,7 +5,7 @@ import pytest
 
 from mstar.config import NodeGroup
 from mstar.runtime.runtime import Runtime
-from tests.runtime.fake_models import TorchSpec
+from tests.runtime.fake_models import FakeParams, TorchSpec
 from tests.runtime.helpers import make_config, run
 
 
@@ -17,7 +17,7 @@ def _check_bf16_round_trip(loop, device: str) -> None:
     runtime = Runtime(make_config(node_groups=_groups(device)), TorchSpec())
     run(loop, runtime.start(), timeout_s=120.0)
     try:
-        outputs = run(loop, runtime.submit({"seed": 3, "steps": 2}).result(), timeout_s=60.0)
+        outputs = run(loop, runtime.submit(FakeParams(seed=3, steps=2)).result(), timeout_s=60.0)
     finally:
         run(loop, runtime.shutdown(timeout_s=2.0))
     expected = np.arange(6, dtype=np.float32).reshape(2, 3) * 3 * 4

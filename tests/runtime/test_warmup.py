@@ -45,15 +45,31 @@ def test_a_failing_warmup_request_fails_the_boot(loop):
 
 def test_sized_warmup_requests_cover_each_compile_size():
     spec = get_model_spec("wan2.2-ti2v-5b")
-    requests = sized_warmup_requests(spec, ["832x480x33", "480x832x33"])
-    assert [(r["width"], r["height"], r["num_frames"]) for r in requests] == [(832, 480, 33), (480, 832, 33)]
-    assert all(r["num_inference_steps"] == 2 for r in requests)
-    assert sized_warmup_requests(get_model_spec("tiny-digits"), [])[0]["width"] == 256
+    requests = sized_warmup_requests(
+        spec, ServerConfig(compile_sizes=["832x480x33", "480x832x33"]).compile_sizes
+    )
+    assert [(r.width, r.height, r.num_frames) for r in requests] == [(832, 480, 33), (480, 832, 33)]
+    assert all(r.num_inference_steps == 2 for r in requests)
+    assert sized_warmup_requests(get_model_spec("tiny-digits"), [])[0].width == 256
 
 
 def test_a_compile_size_the_model_refuses_names_compile_sizes():
     with pytest.raises(ValueError, match="compile_sizes: '100x100'"):
-        sized_warmup_requests(get_model_spec("z-image-turbo"), ["100x100"])
+        sized_warmup_requests(
+            get_model_spec("z-image-turbo"), ServerConfig(compile_sizes=["100x100"]).compile_sizes
+        )
+
+
+def test_compile_sizes_are_parsed_once_in_the_config_and_written_back_as_text():
+    config = ServerConfig(compile_sizes=["832x480x33", "1024x1024"])
+    assert [(s.width, s.height, s.num_frames) for s in config.compile_sizes] == [
+        (832, 480, 33),
+        (1024, 1024, None),
+    ]
+    assert config.model_dump()["compile_sizes"] == ["832x480x33", "1024x1024"]
+    assert ServerConfig.model_validate_json(config.model_dump_json()) == config
+    with pytest.raises(ValueError, match="'WxH' or 'WxHxFRAMES', got '10x'"):
+        ServerConfig(compile_sizes=["10x"])
 
 
 def test_specs_skip_warmup_requests_when_warmup_is_off():

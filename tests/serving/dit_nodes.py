@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
 from mstar.config import ServerConfig
 from mstar.graph import BuildContext, ModelSpec, Node, RequestState
+from mstar.params import RequestParams
 
 
 def build_dit(spec: ModelSpec, device: str = "cpu", **config: Any) -> Node:
@@ -19,10 +21,10 @@ def build_dit(spec: ModelSpec, device: str = "cpu", **config: Any) -> Node:
     return spec.build_nodes(ctx)["dit"]
 
 
-def make_request(request_id: str, params: dict, text_dim: int, text_seed: int, device: str = "cpu"):
+def make_request(request_id: str, params: RequestParams, text_dim: int, text_seed: int, device: str = "cpu"):
     """A request at the dit node: params plus seeded prompt / negative prompt embeddings."""
     generator = torch.Generator().manual_seed(text_seed)
-    request = RequestState(request_id, dict(params))
+    request = RequestState(request_id, params)
     request.tensors["prompt_embeds"] = torch.randn(7, text_dim, generator=generator).to(device)  # [n, D]
     request.tensors["negative_prompt_embeds"] = torch.randn(5, text_dim, generator=generator).to(device)
     return request
@@ -48,8 +50,13 @@ def psnr_db(ours: torch.Tensor, reference: torch.Tensor) -> float:
     return 10 * float(np.log10(peak**2 / mse))
 
 
-def alone_and_batched(node: Node, params: dict, companions: list[dict], text_dim: int, device: str = "cpu"):
-    """(latents alone, latents of the same request stepped with companions of other sizes)."""
+def alone_and_batched(
+    spec: ModelSpec, node: Node, params: dict, companions: list[dict], text_dim: int, device: str = "cpu"
+):
+    """(latents alone, latents of the same request stepped with companions of other sizes); the
+    params are the spec's fields (as its validate would resolve them)."""
+    params = msgspec.convert(params, spec.params_type)
+    companions = [msgspec.convert(fields, spec.params_type) for fields in companions]
     (alone,) = run_loop(node, [make_request("alone", params, text_dim, 1, device)])
     others = [make_request(f"other{i}", p, text_dim, 10 + i, device) for i, p in enumerate(companions)]
     middle = len(others) // 2  # not first in the packed step: its tokens start at an offset

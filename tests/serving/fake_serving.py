@@ -7,10 +7,8 @@ counts a recompile per step when "recompile" (odd seeds), as a compiled DiT does
 
 from __future__ import annotations
 
-from typing import Any
-
 from mstar.graph import BuildContext, GenerationParams, Node, RequestState
-from tests.runtime.fake_models import NODE_CLASSES, DenoiserNode, FakeSpec
+from tests.runtime.fake_models import NODE_CLASSES, DenoiserNode, FakeParams, FakeSpec
 
 SPEC_PATH = f"{__name__}:ServingSpec"
 OOM_SEED = 13
@@ -18,7 +16,7 @@ OOM_SEED = 13
 
 class OutOfMemoryDenoiser(DenoiserNode):
     def forward(self, batch: list[RequestState]) -> None:
-        if any(r.params.get("oom") for r in batch):
+        if any(r.params.oom for r in batch):
             import torch
 
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
@@ -28,16 +26,10 @@ class OutOfMemoryDenoiser(DenoiserNode):
 class ServingSpec(FakeSpec):
     name = "serving-fake"
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> FakeParams:
         seed = params.seed or 0
         oom = seed == OOM_SEED
-        return {
-            "seed": seed,
-            "steps": 2,
-            "oom": oom,
-            "recompile": seed % 2 == 1,
-            "key": "oom" if oom else "ok",
-        }
+        return FakeParams(seed=seed, steps=2, oom=oom, recompile=seed % 2 == 1, key="oom" if oom else "ok")
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
         classes = {**NODE_CLASSES, "denoiser": OutOfMemoryDenoiser}

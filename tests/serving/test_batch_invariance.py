@@ -25,9 +25,9 @@ CASES = {
     "wan22": (
         lambda: Wan22Spec(tiny_wan22_config()),
         16,  # text_dim
-        {"width": 64, "height": 32, "num_frames": 5},
-        [{"width": 32, "height": 32, "num_frames": 9, "guidance_scale": 1.0, "seed": 5},
-         {"width": 96, "height": 64, "num_frames": 1, "seed": 6}],
+        {"width": 64, "height": 32, "num_frames": 5, "fps": 8},
+        [{"width": 32, "height": 32, "num_frames": 9, "fps": 8, "guidance_scale": 1.0, "seed": 5},
+         {"width": 96, "height": 64, "num_frames": 1, "fps": 8, "seed": 6}],
     ),
     "zimage": (
         lambda: ZImageSpec(TINY),
@@ -41,23 +41,26 @@ CASES = {
 @pytest.mark.parametrize("model", sorted(CASES))
 def test_alone_vs_batched_with_other_sizes_on_cpu(model):
     make_spec, text_dim, size, companions = CASES[model]
-    node = build_dit(make_spec())
-    alone, batched = alone_and_batched(node, {**BASE, **size}, [{**BASE, **c} for c in companions], text_dim)
+    spec = make_spec()
+    node = build_dit(spec)
+    alone, batched = alone_and_batched(
+        spec, node, {**BASE, **size}, [{**BASE, **c} for c in companions], text_dim
+    )
     figure = psnr_db(batched, alone)
     identical = torch.equal(alone, batched)
     print(f"{model}: alone vs batched identical={identical} psnr={figure:.1f} dB")
     assert figure >= MIN_CPU_PSNR_DB
     if model == "wan22":
         assert identical
-    rerun, _ = alone_and_batched(node, {**BASE, **size}, [], text_dim)
+    rerun, _ = alone_and_batched(spec, node, {**BASE, **size}, [], text_dim)
     assert torch.equal(rerun, alone)  # alone twice: the same bytes
 
 
 GPU_CASES = {
     "wan22": (
         lambda: Wan22Spec(),
-        {"width": 832, "height": 480, "num_frames": 33, "guidance_scale": 5.0},
-        [{"width": 480, "height": 832, "num_frames": 33, "guidance_scale": 5.0, "seed": 5}],
+        {"width": 832, "height": 480, "num_frames": 33, "fps": 16, "guidance_scale": 5.0},
+        [{"width": 480, "height": 832, "num_frames": 33, "fps": 16, "guidance_scale": 5.0, "seed": 5}],
     ),
     "zimage": (
         lambda: ZImageSpec(),
@@ -79,7 +82,7 @@ def test_alone_vs_batched_real_size_bf16_on_gpu(model):
     base = {**BASE, "num_inference_steps": 2}
     try:
         alone, batched = alone_and_batched(
-            node, {**base, **size}, [{**base, **c} for c in companions], text_dim, device="cuda"
+            spec, node, {**base, **size}, [{**base, **c} for c in companions], text_dim, device="cuda"
         )
     finally:
         del node

@@ -9,6 +9,7 @@ import base64
 import signal
 
 import httpx
+import msgspec
 import numpy as np
 import pytest
 
@@ -54,7 +55,7 @@ def test_two_fresh_servers_on_cuda_compiled_deterministic_give_the_same_png_byte
     assert first == second
 
 
-async def frames_from_a_fresh_runtime(config: ServerConfig, spec, params: dict) -> np.ndarray:
+async def frames_from_a_fresh_runtime(config: ServerConfig, spec, params) -> np.ndarray:
     runtime = Runtime(config, spec)
     await runtime.start()
     try:
@@ -83,6 +84,8 @@ def test_two_fresh_runtimes_give_the_same_frame_bytes(model):
         "seed": 21,
         **size,
     }
-    first, second = (asyncio.run(frames_from_a_fresh_runtime(config, spec_class(), params)) for _ in range(2))
+    spec = spec_class()
+    params = msgspec.convert(params, spec.params_type)
+    first, second = (asyncio.run(frames_from_a_fresh_runtime(config, spec, params)) for _ in range(2))
     assert first.dtype == np.uint8 and first.std() > 0  # a picture, not a constant
     assert first.tobytes() == second.tobytes()

@@ -17,7 +17,7 @@ from mstar.models.tiny_digits.model import TinyDigitsSpec
 from mstar.models.wan22.config import tiny_wan22_config
 from mstar.models.wan22.model import Wan22Spec
 from mstar.models.zimage.config import TINY
-from mstar.models.zimage.model import ZImageSpec
+from mstar.models.zimage.model import ZImageParams, ZImageSpec
 from mstar.runtime.runtime import Runtime
 from tests.api.conftest import build_client
 from tests.serving.dit_nodes import build_dit, make_request
@@ -54,7 +54,7 @@ def test_zimage_spec_tokens_bound_the_nodes_step_cost(guidance):
     spec = ZImageSpec(TINY)
     node = build_dit(spec)
     params = {"prompt": "p", "negative_prompt": "", "width": 96, "height": 64, "seed": 1}
-    params |= {"num_inference_steps": 2, "guidance_scale": guidance}
+    params = ZImageParams(**params, num_inference_steps=2, guidance_scale=guidance)
     longest = make_request("r", params, TINY.dit.cap_feat_dim, 0)
     longest.tensors["prompt_embeds"] = longest.tensors["prompt_embeds"].new_zeros(
         TINY.max_sequence_length, TINY.dit.cap_feat_dim
@@ -67,7 +67,7 @@ def test_zimage_spec_tokens_bound_the_nodes_step_cost(guidance):
 def test_zimage_step_cost_counts_a_long_negative_prompt():
     node = build_dit(ZImageSpec(TINY))
     params = {"prompt": "p", "negative_prompt": "n", "width": 96, "height": 64, "seed": 1}
-    params |= {"num_inference_steps": 2, "guidance_scale": 4.0}
+    params = ZImageParams(**params, num_inference_steps=2, guidance_scale=4.0)
     request = make_request("r", params, TINY.dit.cap_feat_dim, 0)
     request.tensors["negative_prompt_embeds"] = request.tensors["prompt_embeds"].new_zeros(
         100, TINY.dit.cap_feat_dim
@@ -119,7 +119,7 @@ def test_a_video_above_the_cap_is_a_400_naming_num_frames_or_size():
     with client:
         generator = client.app.state.mstar.generator  # validated only: encoding a 720p video is slow
         fields = {"prompt": "a fox", "width": 1280, "height": 704, "num_frames": 121}
-        assert generator.validate(GenerationParams(**fields))["num_frames"] == 121  # 54560 tokens fit
+        assert generator.validate(GenerationParams(**fields)).num_frames == 121  # 54560 tokens fit
         too_long = post_video(client, size="1280x704", num_frames=241)
         assert too_long.status_code == 400
         error = too_long.json()["error"]

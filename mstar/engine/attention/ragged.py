@@ -18,7 +18,6 @@ DEFAULT_NUM_SLOTS = 2
 class _LabelSlots:
     wrappers: list[PlanWrapper]
     active: int | None = None  # the slot run() uses
-    pending: int | None = None  # a pre-planned slot waiting for promote() or drop()
     name: str = field(default="")
 
 
@@ -27,9 +26,8 @@ class RaggedAttention:
 
     Each label ("self", "cross", ...) owns `num_slots` wrappers of the backend. plan() reuses the
     slot that already holds the layout (no work at all) or fills the next slot and makes it
-    active, so the slot the running step reads is not the one being planned. preplan() plans the
-    next step's layout into a non-active slot while the current step runs; promote() makes it
-    active when that step starts, drop() forgets it when that step does not run.
+    active, so the step the device still runs keeps its plan while the host plans the next one
+    (the step loop queues step N+1 before step N ends).
     """
 
     def __init__(
@@ -64,49 +62,12 @@ class RaggedAttention:
     def plan(self, label: str, layout: AnyLayout) -> None:
         """Make `layout` the plan run(label, ...) uses from now on."""
         slots = self._slots(label)
-        if slots.pending is not None:
-            if _holds(slots.wrappers[slots.pending], layout):
-                self.promote(label)
-                return
-            self.drop(label)
         target = self._slot_holding(slots, layout)
         if target is None:
             target = self._next_slot(slots)
         slots.active = None  # a plan that raises leaves the label unplanned, not stale
         slots.wrappers[target].plan(layout)
         slots.active = target
-
-    def preplan(self, label: str, layout: AnyLayout) -> None:
-        """Plan the next step's layout without touching the plan the current step runs."""
-        slots = self._slots(label)
-        if slots.pending is not None:
-            self.drop(label)
-        if slots.active is not None and _holds(slots.wrappers[slots.active], layout):
-            slots.pending = slots.active  # same layout: the running plan serves the next step too
-            return
-        target = self._slot_holding(slots, layout)
-        if target is None:
-            target = self._next_slot(slots)
-        if target == slots.active:
-            raise ValueError(f"attention label '{label}': pre-planning a new layout needs num_slots >= 2")
-        slots.wrappers[target].plan(layout)
-        slots.pending = target
-
-    def promote(self, label: str) -> None:
-        """The pre-planned step starts: its slot becomes the one run() uses."""
-        slots = self._slots(label)
-        if slots.pending is None:
-            raise RuntimeError(f"attention label '{label}': promote() without a pre-plan")
-        slots.active, slots.pending = slots.pending, None
-
-    def drop(self, label: str) -> None:
-        """The pre-planned step will not run: forget its layout so the next plan stages again."""
-        slots = self._slots(label)
-        if slots.pending is None:
-            return
-        if slots.pending != slots.active:
-            slots.wrappers[slots.pending].forget()
-        slots.pending = None
 
     def discard(self, label: str) -> None:
         """Remove a label with its wrappers and plans (the boot check's label, for one)."""
@@ -149,9 +110,6 @@ class RaggedAttention:
 
     def active_slot(self, label: str) -> int | None:
         return self._slots(label).active
-
-    def pending_slot(self, label: str) -> int | None:
-        return self._slots(label).pending
 
     @property
     def num_kernel_plans(self) -> int:

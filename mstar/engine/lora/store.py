@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mstar.adapters import AdapterFileError, LoraCatalog, LoraChoice, LoraKeyRules
+from mstar.adapters import AdapterFileError, LoraCatalog, LoraKeyRules
 from mstar.engine.lora.weights import load_adapter
 from mstar.engine.lora.wrap import LoraLayers
+from mstar.params import LoraChoice
 
 logger = logging.getLogger("mstar.engine.lora")
 

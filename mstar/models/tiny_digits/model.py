@@ -9,17 +9,13 @@ the package (weights/), trained by `python -m mstar.models.tiny_digits.train`.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from mstar.errors import InvalidParam
 from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
-from mstar.models.tiny_digits.config import (
-    CONFIG_FILE,
-    IMAGE_SIZE,
-    OUTPUT_SIZE,
-    WEIGHTS_DIR,
-    default_dit_config,
-)
+from mstar.models.tiny_digits.config import CONFIG_FILE, WEIGHTS_DIR, TinyDigitsConfig
+from mstar.models.tiny_digits.geometry import DigitsGeometry
 from mstar.models.validation import (
     check_prompts,
     check_single_image,
@@ -31,34 +27,28 @@ from mstar.models.validation import (
     steps_in,
 )
 from mstar.models.warmup import sized_warmup_requests
+from mstar.params import ImageParams
 
 MAX_STEPS = 100
 MAX_GUIDANCE = 20.0
 MAX_PROMPT_CHARS = 1000
 
 
-def _shipped_defaults() -> dict[str, Any]:
-    """Sampling defaults and output size from weights/config.json (plain JSON, no torch)."""
+def _shipped() -> dict[str, Any]:
+    """weights/config.json (plain JSON, no torch), the defaults where it is absent."""
     path = WEIGHTS_DIR / CONFIG_FILE
-    shipped = json.loads(path.read_text()) if path.exists() else {}
-    return {
-        "output_size": shipped.get("output_size", OUTPUT_SIZE),
-        "steps": shipped.get("default_steps", 20),
-        "guidance_scale": shipped.get("default_guidance_scale", 3.5),
-        "num_tokens": _num_tokens(shipped.get("image_size", IMAGE_SIZE), shipped.get("dit", {})),
-    }
+    return json.loads(path.read_text()) if path.exists() else asdict(TinyDigitsConfig())
 
 
-def _num_tokens(image_size: int, dit: dict[str, Any]) -> int:
-    """DiT tokens of one image: a one-frame [C, 1, image_size, image_size] cut into patches."""
-    _, patch_h, patch_w = dit.get("patch_size", default_dit_config()["patch_size"])
-    return (image_size // patch_h) * (image_size // patch_w)
+class DigitsParams(ImageParams, kw_only=True):
+    """A tiny-digits request (always the served size)."""
 
 
 class TinyDigitsSpec(ModelSpec):
     name = "tiny-digits"
     task = "text-to-image"
     output_kind = "image"
+    params_type = DigitsParams
     node_names = ("text_encoder", "dit", "decoder")
     walks = {
         "encode_text": Walk(
@@ -68,11 +58,11 @@ class TinyDigitsSpec(ModelSpec):
     }
 
     def __init__(self) -> None:
-        defaults = _shipped_defaults()
-        self.output_size: int = defaults["output_size"]
-        self.default_steps: int = defaults["steps"]
-        self.default_guidance: float = float(defaults["guidance_scale"])
-        self.num_tokens: int = defaults["num_tokens"]
+        shipped = _shipped()
+        self.geometry = DigitsGeometry.of(shipped)
+        self.output_size: int = shipped["output_size"]
+        self.default_steps: int = shipped["default_steps"]
+        self.default_guidance: float = float(shipped["default_guidance_scale"])
 
     @property
     def size(self) -> str:
@@ -90,19 +80,19 @@ class TinyDigitsSpec(ModelSpec):
             "num_frames": single_frame_limit(),
         }
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> DigitsParams:
         check_prompts(params, MAX_PROMPT_CHARS)
         check_single_image(params, self.name)
         self._check_size(params.width, params.height)
-        return {
-            "prompt": params.prompt,
-            "negative_prompt": params.negative_prompt or "",
-            "width": self.output_size,
-            "height": self.output_size,
-            "num_inference_steps": steps_in(params.num_inference_steps, self.default_steps, MAX_STEPS),
-            "guidance_scale": guidance_in(params.guidance_scale, self.default_guidance, MAX_GUIDANCE),
-            "seed": seed_or_random(params.seed),
-        }
+        return DigitsParams(
+            prompt=params.prompt,
+            negative_prompt=params.negative_prompt or "",
+            width=self.output_size,
+            height=self.output_size,
+            num_inference_steps=steps_in(params.num_inference_steps, self.default_steps, MAX_STEPS),
+            guidance_scale=guidance_in(params.guidance_scale, self.default_guidance, MAX_GUIDANCE),
+            seed=seed_or_random(params.seed),
+        )
 
     def _check_size(self, width: Any, height: Any) -> None:
         """The model was trained at one size: only the served size (or none) is accepted."""
@@ -110,20 +100,19 @@ class TinyDigitsSpec(ModelSpec):
             if value is not None and value != self.output_size:
                 raise InvalidParam("size", f"tiny-digits only makes {self.size} images, got {width}x{height}")
 
-    def step_tokens(self, params: dict[str, Any]) -> int:
-        num_labels = 2 if float(params.get("guidance_scale") or 0.0) > 1.0 else 1  # as the dit's start
-        return self.num_tokens * num_labels
+    def step_tokens(self, params: DigitsParams) -> int:
+        return self.geometry.step_tokens(params.guidance_scale)
 
-    def first_walk(self, params: dict[str, Any]) -> str:
+    def first_walk(self, params: DigitsParams) -> str:
         return "encode_text"
 
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: DigitsParams, finished: str) -> str | None:
         return "t2i" if finished == "encode_text" else None
 
-    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+    def warmup_requests(self, config: Any) -> list[DigitsParams]:
         return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
-        from mstar.models.tiny_digits.nodes import build_digits_nodes
+        from mstar.models.tiny_digits.nodes import build_nodes
 
-        return build_digits_nodes(ctx)
+        return build_nodes(ctx)

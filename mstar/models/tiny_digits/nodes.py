@@ -1,9 +1,6 @@
-"""The tiny digits nodes: text_encoder, dit (the shared DenoiseNode over the Wan DiT) and decoder.
-
-Request tensors (per request, on the worker):
-  prompt_embeds / negative_prompt_embeds  float32 [L, text_dim]  (text_encoder)
-  latents                                 float32 [1, 1, 16, 16] pixels in [-1, 1] (dit)
-  frames                                  uint8 [1, 256, 256, 3], dark ink on white (decoder)
+"""Building the tiny digits nodes: text_encoder, dit (the shared DenoiseNode over the Wan DiT at a
+toy size) and decoder, each the shared node over a DigitsPipeline holding its component. Weights
+come from ctx.model_path when given, else the shipped ones (weights/); random with --random-weights.
 """
 
 from __future__ import annotations
@@ -11,13 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from mstar.diffusion.denoise import COND, DenoiseItem, DenoiseNode, DenoiseStart
-from mstar.diffusion.noise import seeded_noise
-from mstar.diffusion.samplers import FlowMatchEulerSampler, linear_sigmas
-from mstar.graph import BuildContext, Node, RequestState
+from mstar.graph import BuildContext, Node
 from mstar.models.checkpoint import default_dtype
+from mstar.models.scaffold import build_dit_node, build_named_nodes
 from mstar.models.tiny_digits.config import (
     CONFIG_FILE,
     DIT_FILE,
@@ -26,70 +20,13 @@ from mstar.models.tiny_digits.config import (
     WEIGHTS_DIR,
     TinyDigitsConfig,
 )
+from mstar.models.tiny_digits.pipeline import DigitsPipeline
 from mstar.models.tiny_digits.text import WordTokenizer, make_text_encoder
 from mstar.models.wan22.config import WanDiTConfig
-from mstar.models.wan22.dit import DiTInput, WanDiT
+from mstar.models.wan22.dit import WanDiT
 
-PROMPT_EMBEDS, NEGATIVE_PROMPT_EMBEDS = "prompt_embeds", "negative_prompt_embeds"
-LATENTS, FRAMES = "latents", "frames"
+MODEL_NAME = "tiny-digits"
 MAX_BATCH_SIZE = 64  # a step of 64 requests is 2 * 64 * 16 tokens: nothing for any device
-
-
-class TextEncoderNode(Node):
-    """Prompt and negative prompt -> embeddings, one prompt at a time (a few words each, so the
-    per-request loop costs nothing and no request's embedding depends on its batch company)."""
-
-    def __init__(self, encoder: torch.nn.Module, tokenizer: WordTokenizer, device: torch.device):
-        self.name = "text_encoder"
-        self.max_batch_size = MAX_BATCH_SIZE
-        self.encoder = encoder
-        self.tokenizer = tokenizer
-        self.device = device
-
-    def encode(self, prompt: str) -> torch.Tensor:
-        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)  # [1, L]
-        padding_mask = torch.zeros_like(ids, dtype=torch.bool)
-        return self.encoder(ids, padding_mask)[0].float()  # [L, text_dim]
-
-    @torch.inference_mode()
-    def forward(self, batch: list[RequestState]) -> None:
-        for request in batch:
-            request.tensors[PROMPT_EMBEDS] = self.encode(request.params["prompt"])
-            request.tensors[NEGATIVE_PROMPT_EMBEDS] = self.encode(request.params.get("negative_prompt", ""))
-
-
-class DigitsDenoiser:
-    """The Wan DiT over every (request, label) of a step: one packed forward."""
-
-    def __init__(self, dit: WanDiT, attention):
-        self.dit = dit
-        self.attention = attention
-
-    @torch.inference_mode()
-    def predict(self, items: list[DenoiseItem]) -> list[torch.Tensor]:
-        inputs = [DiTInput(item.latents, item.timestep, item.text) for item in items]
-        return [velocity.float() for velocity in self.dit(inputs, self.attention)]
-
-
-class DecoderNode(Node):
-    """Pixels [1, 1, S, S] in [-1, 1] (ink = +1) -> uint8 frames [1, out, out, 3], ink dark on white."""
-
-    def __init__(self, output_size: int):
-        self.name = "decoder"
-        self.max_batch_size = MAX_BATCH_SIZE
-        self.output_size = output_size
-
-    @torch.inference_mode()
-    def forward(self, batch: list[RequestState]) -> None:
-        for request in batch:
-            request.tensors[FRAMES] = self.decode(request.tensors.pop(LATENTS))
-
-    def decode(self, pixels: torch.Tensor) -> torch.Tensor:
-        ink = (pixels.float().cpu()[:, 0].clamp(-1, 1) + 1) / 2  # [C=1, S, S] in [0, 1]
-        size = (self.output_size, self.output_size)
-        big = F.interpolate(ink.unsqueeze(0), size=size, mode="bilinear", align_corners=False)[0]
-        paper = ((1 - big.clamp(0, 1)) * 255).round().to(torch.uint8)  # [1, out, out]
-        return paper.unsqueeze(-1).expand(-1, -1, -1, 3).contiguous()  # [F=1, out, out, 3]
 
 
 def load_module(
@@ -115,9 +52,10 @@ def _target_dtype(name: str, dtype: torch.dtype, keep_fp32: tuple[str, ...]) -> 
     return torch.float32 if any(pattern in name for pattern in keep_fp32) else dtype
 
 
-def build_digits_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> dict[str, Node]:
+def build_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> dict[str, Node]:
     """The nodes of ctx.node_names; weights from ctx.model_path when given, else the shipped ones."""
-    from mstar.engine.resources import build_engine_resources
+    from mstar.diffusion.vae_nodes import DecodeNode
+    from mstar.models.text_encoding import PromptEmbedsNode
 
     weights_dir = Path(ctx.model_path) if ctx.model_path else weights_dir
     config = TinyDigitsConfig.load(weights_dir / CONFIG_FILE)
@@ -127,53 +65,31 @@ def build_digits_nodes(ctx: BuildContext, weights_dir: Path = WEIGHTS_DIR) -> di
     def weights(file_name: str) -> Path | None:
         return None if ctx.random_weights else weights_dir / file_name
 
-    if ctx.random_weights:
-        torch.manual_seed(0)  # the same random model in every worker
-    nodes: dict[str, Node] = {}
-    if "text_encoder" in ctx.node_names:
+    def text_node() -> Node:
         tokenizer = WordTokenizer.load(weights_dir / VOCAB_FILE, config.max_text_tokens)
         encoder = make_text_encoder(len(tokenizer.vocab), config.text_dim)
         load_module(encoder, weights(TEXT_ENCODER_FILE), device, torch.float32)
-        nodes["text_encoder"] = TextEncoderNode(encoder, tokenizer, device)
-    if "dit" in ctx.node_names:
-        resources = build_engine_resources(ctx.config, device, dtype)
+        pipeline = DigitsPipeline(config, device, text_encoder=encoder, tokenizer=tokenizer)
+        return PromptEmbedsNode(
+            pipeline, max_batch_size=MAX_BATCH_SIZE, max_cached_bytes=ctx.config.prompt_cache_mb * 1024 * 1024
+        )
+
+    def load_dit() -> WanDiT:
         dit = WanDiT(WanDiTConfig.from_dict(config.dit))
-        dit = load_module(dit, weights(DIT_FILE), device, dtype, keep_fp32=WanDiT.fp32_param_patterns)
-        max_step_cost = ctx.config.max_tokens_per_step
-        nodes["dit"] = make_denoise_node(config, dit, resources.attention, device, max_step_cost)
-    if "decoder" in ctx.node_names:
-        nodes["decoder"] = DecoderNode(config.output_size)
-    return nodes
+        return load_module(dit, weights(DIT_FILE), device, dtype, keep_fp32=WanDiT.fp32_param_patterns)
 
+    def dit_node() -> Node:
+        # 16 tokens an image: compiling would cost boot time and gain nothing, so it stays eager.
+        return build_dit_node(
+            ctx, dtype, "digits.dit", load=load_dit,
+            pipeline=lambda dit, attention: DigitsPipeline(config, device, dit=dit, attention=attention),
+            compile=False, max_batch_size=MAX_BATCH_SIZE,
+        )  # fmt: skip
 
-def make_denoise_node(
-    config: TinyDigitsConfig, dit: WanDiT, attention, device: torch.device, max_step_cost: int | None = None
-) -> DenoiseNode:
-    latent_shape = (config.num_channels, 1, config.image_size, config.image_size)  # [C, F, H, W]
+    def decoder_node() -> Node:
+        return DecodeNode(DigitsPipeline(config, device), name="decoder", max_batch_size=MAX_BATCH_SIZE)
 
-    def start(request: RequestState) -> DenoiseStart:
-        num_steps = request.params["num_inference_steps"]
-        guidance = request.params["guidance_scale"]
-        sampler = FlowMatchEulerSampler(
-            num_steps, shift=config.sampler_shift, sigmas=linear_sigmas(num_steps)
-        )
-        return DenoiseStart(
-            latents=seeded_noise(latent_shape, request.params["seed"], device=device),
-            sampler=sampler,
-            num_tokens=dit.num_tokens(latent_shape),
-            guidance_scale=guidance,
-            use_guidance=guidance > 1.0,
-        )
-
-    def text(request: RequestState, label: str) -> torch.Tensor:
-        return request.tensors[PROMPT_EMBEDS if label == COND else NEGATIVE_PROMPT_EMBEDS]
-
-    return DenoiseNode(
-        "dit",
-        DigitsDenoiser(dit, attention),
-        start=start,
-        text=text,
-        output_tensor=LATENTS,
-        max_batch_size=MAX_BATCH_SIZE,
-        max_step_cost=max_step_cost,
-    )
+    if ctx.random_weights:
+        torch.manual_seed(0)  # the same random model in every worker
+    builders = {"text_encoder": text_node, "dit": dit_node, "decoder": decoder_node}
+    return build_named_nodes(ctx, MODEL_NAME, builders)

@@ -18,11 +18,11 @@ from mstar.models.tiny_digits.model import TinyDigitsSpec
 def build_local_nodes(device: str = "cpu", weights_dir: Path = WEIGHTS_DIR) -> dict[str, Node]:
     """Every node in this process on `device`, with the default config (auto attention and dtype)."""
     from mstar.config import ServerConfig
-    from mstar.models.tiny_digits.nodes import build_digits_nodes
+    from mstar.models.tiny_digits.nodes import build_nodes
 
     spec = TinyDigitsSpec()
     ctx = BuildContext(config=ServerConfig(device=device), device=device, node_names=spec.node_names)
-    return build_digits_nodes(ctx, weights_dir)
+    return build_nodes(ctx, weights_dir)
 
 
 def generate(

@@ -1,7 +1,7 @@
 """Wan DiT (diffusers WanTransformer3DModel, same state-dict keys) over a packed list of items.
 
     dit = WanDiT(WanDiTConfig(...))                     # load weights with mstar.models.checkpoint
-    dit.fuse_projections()                              # after loading, before compile (optional)
+    dit = optimize(dit, fuse=True, kernels=True)        # mstar.models.wan22.optimize (optional)
     attn = build_attention("auto", device, dtype)
     velocities = dit([DiTInput(latents, timestep, text), ...], attn)   # one [C, F, H, W] per item
     text_kv = dit.text_kv(text)                         # once per text: reuse it at every step
@@ -29,13 +29,7 @@ from mstar.diffusion.packing import MIN_COMPILED_ROWS, bounded_cache_get
 from mstar.engine.attention import AttentionLayout
 from mstar.engine.transfer import to_device
 from mstar.models.wan22.config import WanDiTConfig
-from mstar.models.wan22.dit_layers import (
-    ConditionEmbedder,
-    WanBlock,
-    fp32_layer_norm,
-    grid_rotary,
-    rotary_tables,
-)
+from mstar.models.wan22.dit_layers import ConditionEmbedder, WanBlock, WanBlocks, grid_rotary, rotary_tables
 
 MAX_CACHED_GRIDS = 64
 
@@ -71,6 +65,11 @@ class PackedStep:
 class WanDiT(nn.Module):
     # Kept in float32 when the model runs in bf16 (diffusers' _keep_in_fp32_modules).
     fp32_param_patterns = ("time_embedder", "scale_shift_table", "norm2")
+    # What the scaffold compiles (mstar.engine.compile.compile_methods), once with the pack length
+    # dynamic: one graph serves every item count, since the timestep rows are never one
+    # (_timestep_rows), and no duck shapes (their count would otherwise share a symbol with the
+    # keys/values' 2). That saves a second compile at boot (186 s on the H200).
+    compiled_methods = ("run_layers",)
 
     def __init__(self, config: WanDiTConfig):
         super().__init__()
@@ -80,9 +79,12 @@ class WanDiT(nn.Module):
             config.in_channels, dim, kernel_size=config.patch_size, stride=config.patch_size
         )
         self.condition_embedder = ConditionEmbedder(dim, config.freq_dim, config.text_dim)
-        self.blocks = nn.ModuleList(
-            WanBlock(dim, config.ffn_dim, config.num_attention_heads, config.cross_attn_norm, config.eps)
-            for _ in range(config.num_layers)
+        self.blocks = WanBlocks(
+            (
+                WanBlock(dim, config.ffn_dim, config.num_attention_heads, config.cross_attn_norm, config.eps)
+                for _ in range(config.num_layers)
+            ),
+            config.eps,
         )
         self.proj_out = nn.Linear(
             dim, config.out_channels * config.patch_size[0] * config.patch_size[1] * config.patch_size[2]
@@ -90,61 +92,6 @@ class WanDiT(nn.Module):
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self._rotary_tables = rotary_tables(config.attention_head_dim, config.rope_max_seq_len)
         self._rotary_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._layers = self.run_layers  # replaced by a compiled copy in compile_layers
-
-    def fuse_projections(self) -> None:
-        """Self-attention q/k/v and cross-attention k/v as one GEMM each (idempotent).
-
-        Call after the weights are loaded (fusing renames parameters: the state dict keys are
-        diffusers' only before) and before compile_layers. Numerically the same GEMMs, concatenated.
-        """
-        for block in self.blocks:
-            block.fuse_projections()
-
-    def use_qk_kernel(self) -> None:
-        """Self attention's q/k norm + rotary as one Triton kernel on CUDA (after fuse_projections)."""
-        for block in self.blocks:
-            block.attn1.use_qk_kernel()
-
-    def use_norm_kernel(self) -> None:
-        """Each block's residual updates and the norms after them as one Triton kernel each on CUDA
-        (mstar.engine.kernels.residual_layer_norm); the last one also gives the output head's norm."""
-        for block in self.blocks:
-            block.use_norm_kernel()
-
-    @property
-    def projections_fused(self) -> bool:
-        return all(block.attn1.fused is not None for block in self.blocks)
-
-    def compile_layers(self, mode: str, backend=None) -> None:
-        """Compile the layer stack once with the pack length dynamic (mstar.engine.compile modes).
-
-        One graph serves every item count: the timestep rows are never one (_timestep_rows) and no
-        duck shapes (their count would otherwise share a symbol with the keys/values' 2). That
-        saves a second compile at boot (the DiT warmup compiled twice: 186 s on the H200).
-        `backend`: see CompiledFunction."""
-        from mstar.engine.compile import CompiledFunction
-
-        self._layers = (
-            self.run_layers
-            if mode == "off"
-            else CompiledFunction(
-                self.run_layers,
-                mode,
-                "wan.dit.layers",
-                persistent_rows=True,
-                duck_shapes=False,
-                backend=backend,
-            )
-        )
-
-    def finish_warmup(self) -> None:
-        if hasattr(self._layers, "finish_warmup"):
-            self._layers.finish_warmup()
-
-    @property
-    def num_recompiles(self) -> int:
-        return getattr(self._layers, "num_recompiles", 0)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -160,7 +107,7 @@ class WanDiT(nn.Module):
         step = self.pack(items)
         attention.plan("self", AttentionLayout.self_attention(step.token_counts))
         attention.plan("cross", AttentionLayout.cross_attention(step.token_counts, step.text_counts))
-        patches = self._layers(
+        patches = self.run_layers(
             step.tokens,
             step.text_kv,
             step.modulation_rows,
@@ -177,32 +124,10 @@ class WanDiT(nn.Module):
         """The layer stack and output head over packed tokens [T, dim] -> [T, p_t*p_h*p_w*C]
         (the part worth compiling, T and Tkv dynamic: the head's norm and modulation fuse there too).
         text_kv [num_layers, 2, Tkv, dim]: each block reads its layer's slice."""
-        if self.blocks[0].norm_kernel:
-            return self._run_layers_with_kernel(
-                tokens, text_kv, modulation_rows, temb_rows, row_index, rotary, attention
-            )
-        for index, block in enumerate(self.blocks):
-            tokens = block(tokens, text_kv[index], modulation_rows, row_index, rotary, attention)
-        return self.output_head(tokens, temb_rows, row_index)
-
-    def _run_layers_with_kernel(
-        self, tokens, text_kv, modulation_rows, temb_rows, row_index, rotary, attention
-    ) -> torch.Tensor:
-        """run_layers with mstar::residual_layer_norm: each block hands the next (and the last the
-        output head) its input already normed and modulated."""
-        tables = [block.modulation_tables(modulation_rows) for block in self.blocks]
-        head_shift, head_scale = (self.scale_shift_table + temb_rows.unsqueeze(1)).unbind(1)  # [R, dim]
-        next_rows = [(following[1], following[0]) for following in tables[1:]] + [
-            (1 + head_scale, head_shift)
-        ]
-        norm = torch.ops.mstar.residual_layer_norm
-        _, h = norm(tokens, None, None, None, None, tables[0][1], tables[0][0], row_index, self.config.eps)
-        for index, block in enumerate(self.blocks):
-            next_scale, next_shift = next_rows[index]
-            tokens, h = block.forward_with_kernel(
-                tokens, h, tables[index], next_scale, next_shift, text_kv[index], row_index, rotary, attention
-            )
-        return self.proj_out(h)
+        head_rows = (self.scale_shift_table + temb_rows.unsqueeze(1)).unbind(1)  # shift, scale [R, dim]
+        return self.proj_out(
+            self.blocks(tokens, text_kv, modulation_rows, head_rows, row_index, rotary, attention)
+        )
 
     def text_kv(self, text: torch.Tensor) -> torch.Tensor:
         """One item's text [L, text_dim] -> cross-attention keys and values of every layer
@@ -217,12 +142,6 @@ class WanDiT(nn.Module):
         for index, block in enumerate(self.blocks):
             text_kv[index, 0], text_kv[index, 1] = block.attn2.context_key_value(context)
         return text_kv
-
-    def output_head(self, hidden, temb_rows, row_index) -> torch.Tensor:
-        """Final norm with per-row shift/scale, then proj_out: [T, dim] -> [T, p_t*p_h*p_w*C]."""
-        shift, scale = (self.scale_shift_table + temb_rows.unsqueeze(1)).unbind(1)  # [R, dim] each
-        modulated = fp32_layer_norm(hidden, self.config.eps) * (1 + scale[row_index]) + shift[row_index]
-        return self.proj_out(modulated.type_as(hidden))
 
     def pack(self, items: list[DiTInput]) -> PackedStep:
         if not items:

@@ -14,9 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.models.fusion import concat_linears
-from mstar.models.rotary import halves_order
-
 
 def sinusoidal_embedding(timesteps: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """diffusers Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0): [R] -> [R, dim] float32."""
@@ -39,13 +36,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
     rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
-
-
-def apply_rotary_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The same rotation with each head's pairs stored as halves (evens first, then odds: see
-    `halves_order`): contiguous loads instead of stride-2 ones. x [T, H, D]; cos/sin [T, 1, D/2]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
 def rotary_tables(head_dim: int, max_seq_len: int, theta: float = 10000.0) -> list[torch.Tensor]:
@@ -138,10 +128,10 @@ class _GeluProj(nn.Module):
 class WanAttention(nn.Module):
     """Projections + RMS q/k norm across heads; the attention itself runs on the shared RaggedAttention.
 
-    `fuse_projections()` (after loading) turns to_q/to_k/to_v into one `to_qkv` GEMM for self
-    attention, or to_k/to_v into one `to_kv` GEMM for cross attention; outputs are split by views.
     Cross attention takes its keys and values ready-made (`context_key_value`): they depend only on
     the text, which does not change over a request's steps, so the DiT computes them once per text.
+    `project_self` and `norm_rotate` are the seams mstar.models.wan22.optimize's fused modules
+    replace (one q/k/v GEMM, rotary on halves, the q/k kernel).
     """
 
     def __init__(self, dim: int, heads: int, eps: float):
@@ -153,99 +143,38 @@ class WanAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(dim, dim), nn.Dropout(0.0)])
         self.norm_q = nn.RMSNorm(dim, eps=eps)
         self.norm_k = nn.RMSNorm(dim, eps=eps)
-        self.fused: str | None = None  # None, "qkv" (self attention) or "kv" (cross attention)
-        self.rotary_halves = False  # q/k features in halves order (fused self attention)
-        self.qk_kernel = False  # self attention's q/k norm + rotary as mstar::qk_norm_rotary
 
-    def fuse_projections(self, self_attention: bool) -> None:
-        """Concatenate the projections that share an input; the separate weights are deleted."""
-        if self.fused is not None:
-            return
-        if self_attention:
-            self._reorder_query_key_features()
-            self.to_qkv = concat_linears([self.to_q, self.to_k, self.to_v])
-            del self.to_q, self.to_k, self.to_v
-            self.fused = "qkv"
-        else:
-            self.to_kv = concat_linears([self.to_k, self.to_v])
-            del self.to_k, self.to_v
-            self.fused = "kv"
-
-    def _reorder_query_key_features(self) -> None:
-        """Queries and keys (projection rows and RMS-norm weights) in halves order, so rotary reads
-        contiguous halves. Scores are dot products over each head, the same in any common feature
-        order, and values keep theirs: attention's output is unchanged."""
-        order = halves_order(self.heads, self.to_q.out_features // self.heads).to(self.to_q.weight.device)
-        with torch.no_grad():
-            for module in (self.to_q, self.to_k, self.norm_q, self.norm_k):
-                module.weight.copy_(module.weight[order])
-            for module in (self.to_q, self.to_k):
-                if module.bias is not None:
-                    module.bias.copy_(module.bias[order])
-        self.rotary_halves = True
-
-    def use_qk_kernel(self) -> None:
-        """Self attention's q/k RMS norm (over the whole row) and rotary as one Triton kernel
-        (mstar.engine.kernels) on CUDA. Needs the halves order, so fuse_projections first."""
-        if not self.rotary_halves:
-            raise ValueError("the q/k kernel needs fused self-attention projections (halves order)")
-        import mstar.engine.kernels.qk_norm_rotary  # noqa: F401  registers the op
-
-        self.qk_kernel = True
-
-    def _project_self(self, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v [T, dim] of self attention; views into one GEMM output when fused."""
-        if self.fused == "qkv":
-            return self.to_qkv(x).unflatten(-1, (3, -1)).unbind(-2)  # [T, 3, dim] -> 3 x [T, dim]
-        if self.fused == "kv":
-            raise ValueError("fused k/v is cross attention's: it takes context_kv, not self attention")
+    def project_self(self, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [T, dim] of self attention."""
         return self.to_q(x), self.to_k(x), self.to_v(x)
+
+    def norm_rotate(self, query, key, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """Self attention's queries and keys [T, dim] -> RMS-normed (over the row) and rotated [T, H, D]."""
+        heads = (self.heads, -1)
+        key = self.norm_k(key)
+        query = self.norm_q(query).unflatten(-1, heads)
+        key = key.unflatten(-1, heads)
+        return apply_rotary(query, *rotary), apply_rotary(key, *rotary)
 
     def context_key_value(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross attention's keys (RMS-normed) and values [Tkv, dim] of a context [Tkv, dim]."""
-        if self.fused == "qkv":
-            raise ValueError("fused q/k/v is self attention's: it has no separate context keys/values")
-        if self.fused == "kv":
-            key, value = self.to_kv(context).unflatten(-1, (2, -1)).unbind(-2)  # [Tkv, 2, dim]
-        else:
-            key, value = self.to_k(context), self.to_v(context)
-        return self.norm_k(key), value
+        return self.norm_k(self.to_k(context)), self.to_v(context)
 
     def forward(self, x, attention, label: str, rotary=None, context_kv=None) -> torch.Tensor:
         """x [T, dim] queries. Self attention when context_kv is None, with rotary (cos, sin);
         cross attention over context_kv [2, Tkv, dim]: keys and values from `context_key_value`."""
         heads = (self.heads, -1)
-        if context_kv is None and self.qk_kernel and rotary is not None:
-            query, key, value = self._project_self(x)
-            query, key = self._norm_rotate_kernel(
-                query.unflatten(-1, heads), key.unflatten(-1, heads), rotary
-            )
+        if context_kv is None:
+            query, key, value = self.project_self(x)
+            query, key = self.norm_rotate(query, key, rotary)
         else:
-            if context_kv is None:
-                query, key, value = self._project_self(x)
-                key = self.norm_k(key)
-            else:
-                query = self.to_q(x)
-                key, value = context_kv.unbind(0)
-            query = self.norm_q(query).unflatten(-1, heads)  # [T, H, D]
+            query = self.norm_q(self.to_q(x)).unflatten(-1, heads)  # [T, H, D]
+            key, value = context_kv.unbind(0)
             key = key.unflatten(-1, heads)
-            if rotary is not None:
-                rotate = apply_rotary_halves if self.rotary_halves else apply_rotary
-                query = rotate(query, *rotary)
-                key = rotate(key, *rotary)
         out = (
             attention.run(label, query, key, value.unflatten(-1, heads)).flatten(-2).type_as(query)
         )  # [T, dim]
         return self.to_out[0](out)
-
-    def _norm_rotate_kernel(self, query, key, rotary) -> tuple[torch.Tensor, torch.Tensor]:
-        """RMS norm over each row (all heads) and rotary, one kernel each for queries and keys [T, H, D]."""
-        cos, sin = (table.flatten(1) for table in rotary)  # [T, 1, D/2] -> [T, D/2]
-        qk_norm_rotary = torch.ops.mstar.qk_norm_rotary
-        return (
-            qk_norm_rotary(query, self.norm_q.weight, cos, sin, self.norm_q.eps, "row"),
-            qk_norm_rotary(key, self.norm_k.weight, cos, sin, self.norm_k.eps, "row"),
-        )
 
 
 class WanBlock(nn.Module):
@@ -257,45 +186,6 @@ class WanBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps) if cross_attn_norm else None
         self.ffn = FeedForward(dim, ffn_dim)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
-        self.norm_kernel = False  # residual updates + norms as mstar::residual_layer_norm
-
-    def fuse_projections(self) -> None:
-        self.attn1.fuse_projections(self_attention=True)
-        self.attn2.fuse_projections(self_attention=False)
-
-    def use_norm_kernel(self) -> None:
-        """Each residual update and the LayerNorm after it as one Triton kernel on CUDA
-        (mstar.engine.kernels.residual_layer_norm); WanDiT then runs the block with
-        forward_with_kernel."""
-        if self.norm2 is None:
-            raise ValueError("the norm kernel needs the cross-attention norm (cross_attn_norm)")
-        import mstar.engine.kernels.residual_layer_norm  # noqa: F401  registers the op
-
-        self.norm_kernel = True
-
-    def modulation_tables(self, modulation_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Per-item float32 rows [R, dim]: shift, 1 + scale, gate of self attention, then of the FFN."""
-        shift, scale, gate, c_shift, c_scale, c_gate = (
-            self.scale_shift_table + modulation_rows.float()
-        ).unbind(1)
-        return shift, 1 + scale, gate, c_shift, 1 + c_scale, c_gate
-
-    def forward_with_kernel(
-        self, x, h, tables, next_scale, next_shift, text_kv, row_index, rotary, attention
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """forward() with `mstar::residual_layer_norm`. x [T, dim] the residual, h [T, dim] this
-        block's self-attention input (normed and modulated); tables from modulation_tables. Returns
-        (x after the block, the next input: normed and modulated by the next_scale / next_shift
-        rows [R, dim], the next block's or the output head's)."""
-        _, _, gate, c_shift, c_scale, c_gate = tables
-        norm = torch.ops.mstar.residual_layer_norm
-        attn_out = self.attn1(h, attention, "self", rotary)
-        x, normed = norm(
-            x, attn_out, gate, self.norm2.weight, self.norm2.bias, None, None, row_index, self.eps
-        )
-        cross_out = self.attn2(normed, attention, "cross", context_kv=text_kv)
-        x, normed = norm(x, cross_out, None, None, None, c_scale, c_shift, row_index, self.eps)
-        return norm(x, self.ffn(normed), c_gate, None, None, next_scale, next_shift, row_index, self.eps)
 
     def forward(self, x, text_kv, modulation_rows, row_index, rotary, attention) -> torch.Tensor:
         """x [T, dim]; text_kv [2, Tkv, dim] this layer's cross-attention keys and values (from
@@ -309,3 +199,22 @@ class WanBlock(nn.Module):
         x = x + self.attn2(normed, attention, "cross", context_kv=text_kv)
         normed = (fp32_layer_norm(x, self.eps) * (1 + c_scale) + c_shift).type_as(x)
         return (x.float() + self.ffn(normed).float() * c_gate).type_as(x)
+
+
+class WanBlocks(nn.ModuleList):
+    """The blocks one after another, then the output head's norm: what the head projects.
+
+    A ModuleList, so its parameters keep diffusers' names (blocks.N....). optimize() swaps in a
+    subclass that runs the same arithmetic through hand-written kernels."""
+
+    def __init__(self, blocks, eps: float):
+        super().__init__(blocks)
+        self.eps = eps
+
+    def forward(self, tokens, text_kv, modulation_rows, head_rows, row_index, rotary, attention):
+        """tokens [T, dim]; text_kv [num_layers, 2, Tkv, dim]; head_rows (shift, scale) [R, dim] of
+        the output head -> its modulated input [T, dim]."""
+        for index, block in enumerate(self):
+            tokens = block(tokens, text_kv[index], modulation_rows, row_index, rotary, attention)
+        shift, scale = head_rows
+        return (fp32_layer_norm(tokens, self.eps) * (1 + scale[row_index]) + shift[row_index]).type_as(tokens)

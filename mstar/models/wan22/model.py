@@ -23,7 +23,9 @@ from mstar.models.validation import (
     seed_or_random,
 )
 from mstar.models.wan22.config import Wan22Config
+from mstar.models.wan22.geometry import WanGeometry
 from mstar.models.warmup import sized_warmup_requests
+from mstar.params import VideoParams
 
 MIN_FPS = 1
 MAX_FPS = 60
@@ -31,10 +33,17 @@ MAX_GUIDANCE = 20.0
 MAX_PROMPT_CHARS = 8192
 
 
+class WanParams(VideoParams, kw_only=True):
+    """A Wan2.2 request; with an input image, image-to-video."""
+
+    image_to_video: bool = False
+
+
 class Wan22Spec(ModelSpec):
     name = "wan2.2-ti2v-5b"
     task = "text-to-video"  # and image-to-video with input_reference
     output_kind = "video"
+    params_type = WanParams
     node_names = ("text_encoder", "vae_encoder", "dit", "vae_decoder")
     streams_text_encoder = True  # UMT5-XXL's ~10 GiB of weights can stay in host memory
     walks = {
@@ -45,6 +54,7 @@ class Wan22Spec(ModelSpec):
 
     def __init__(self, config: Wan22Config | None = None):
         self.config = config or Wan22Config()
+        self.geometry = WanGeometry.of(self.config)
 
     def limits(self) -> dict[str, Any]:
         c = self.config
@@ -59,22 +69,22 @@ class Wan22Spec(ModelSpec):
             "input_reference": {"optional": True, "kind": "image"},
         }  # fmt: skip
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> WanParams:
         c = self.config
         check_prompts(params, MAX_PROMPT_CHARS)
         fps = int_in("fps", params.fps, c.default_fps, MIN_FPS, MAX_FPS)
-        return {
-            "prompt": params.prompt,
-            "negative_prompt": params.negative_prompt or "",
-            "width": self._side("width", params.width, c.default_width, c.max_width),
-            "height": self._side("height", params.height, c.default_height, c.max_height),
-            "num_frames": self._num_frames(params, fps),
-            "fps": fps,
-            "num_inference_steps": int_in("num_inference_steps", params.num_inference_steps, c.default_steps, 1, c.max_steps),
-            "guidance_scale": guidance_in(params.guidance_scale, c.default_guidance, MAX_GUIDANCE),
-            "seed": seed_or_random(params.seed),
-            "image_to_video": bool(params.has_input_reference),
-        }  # fmt: skip
+        return WanParams(
+            prompt=params.prompt,
+            negative_prompt=params.negative_prompt or "",
+            width=self._side("width", params.width, c.default_width, c.max_width),
+            height=self._side("height", params.height, c.default_height, c.max_height),
+            num_frames=self._num_frames(params, fps),
+            fps=fps,
+            num_inference_steps=int_in("num_inference_steps", params.num_inference_steps, c.default_steps, 1, c.max_steps),
+            guidance_scale=guidance_in(params.guidance_scale, c.default_guidance, MAX_GUIDANCE),
+            seed=seed_or_random(params.seed),
+            image_to_video=bool(params.has_input_reference),
+        )  # fmt: skip
 
     def _side(self, field: str, value: int | None, default: int, maximum: int) -> int:
         multiple = self.config.size_multiple
@@ -109,28 +119,21 @@ class Wan22Spec(ModelSpec):
             )
         return frames
 
-    def step_tokens(self, params: dict[str, Any]) -> int:
+    def step_tokens(self, params: WanParams) -> int:
         """DiT tokens of the request (latent frames x patches) times its guidance labels."""
-        c = self.config
-        p_t, p_h, p_w = c.dit.patch_size
-        num_latent_frames = (params["num_frames"] - 1) // c.vae_scale_temporal + 1
-        num_tokens = (
-            (num_latent_frames // p_t)
-            * (params["height"] // c.vae_scale_spatial // p_h)
-            * (params["width"] // c.vae_scale_spatial // p_w)
+        return self.geometry.step_tokens(
+            params.width, params.height, params.num_frames, params.guidance_scale
         )
-        num_labels = 2 if float(params.get("guidance_scale") or 0.0) > 1.0 else 1  # as uses_guidance
-        return num_tokens * num_labels
 
-    def first_walk(self, params: dict[str, Any]) -> str:
+    def first_walk(self, params: WanParams) -> str:
         return "encode_text"
 
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: WanParams, finished: str) -> str | None:
         if finished == "encode_text":
-            return "i2v" if params.get("image_to_video") else "t2v"
+            return "i2v" if params.image_to_video else "t2v"
         return None
 
-    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+    def warmup_requests(self, config: Any) -> list[WanParams]:
         return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:

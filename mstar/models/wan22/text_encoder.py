@@ -1,16 +1,14 @@
-"""Wan's text encoder node: UMT5 encoder (transformers) -> per-prompt embeddings, as WanPipeline.
+"""Wan's prompt encoder: the UMT5 encoder (transformers) -> one embedding per prompt, as WanPipeline.
 
-For each request it encodes the prompt and, under guidance, the negative prompt (default ""), and
-stores request.tensors["prompt_embeds"] / ["negative_prompt_embeds"]: [num_tokens, d_model], the
-real tokens only. The DiT side pads them with zeros to max_text_tokens, which is what diffusers
-feeds the transformer (it attends to the padding too).
+Each embedding is [num_tokens, d_model], the real tokens only; the pipeline pads them with zeros to
+max_text_tokens for the DiT, which is what diffusers feeds the transformer (it attends to the
+padding too).
 """
 
 from __future__ import annotations
 
 import html
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,18 +16,12 @@ import torch
 from mstar.engine.cuda_graphs import GraphedByLength
 from mstar.engine.transfer import to_device
 from mstar.models.checkpoint import build_module
-from mstar.models.text_encoding import PromptEmbedsNode
 
 
 def clean_prompt(text: str) -> str:
     """diffusers' prompt_clean without ftfy: unescape HTML twice, collapse whitespace."""
     text = html.unescape(html.unescape(text)).strip()
     return re.sub(r"\s+", " ", text).strip()
-
-
-def uses_guidance(params: dict[str, Any]) -> bool:
-    """WanPipeline runs classifier-free guidance when guidance_scale > 1."""
-    return float(params.get("guidance_scale") or 0.0) > 1.0
 
 
 def build_umt5(
@@ -50,18 +42,7 @@ def build_umt5(
     )
 
 
-def load_tokenizer(folder: str | None, vocab_size: int):
-    """The checkpoint's tokenizer/ folder, else the deterministic fallback (no downloads)."""
-    if folder is not None and Path(folder).is_dir():
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(folder)
-    from mstar.models.text_fallback import fallback_tokenizer
-
-    return fallback_tokenizer(vocab_size=vocab_size)
-
-
-class PromptEncoder:
+class UMT5PromptEncoder:
     """Prompts -> UMT5 embeddings, as WanPipeline computes them: every prompt padded to
     `max_text_tokens` (the pipeline's max_sequence_length, 512) with the padding masked out as keys.
     In exact arithmetic the real tokens' states do not depend on the padding; in bf16 they do,
@@ -80,8 +61,8 @@ class PromptEncoder:
         tokenizer: Any,
         device: str | torch.device,
         max_text_tokens: int = 512,
-        offload: bool = False,
         cuda_graphs: bool = False,
+        offload: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -146,10 +127,3 @@ class PromptEncoder:
             hidden = block(hidden, mask)
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden  # older transformers: a tuple
         return encoder.final_layer_norm(hidden)
-
-
-class WanTextEncoderNode(PromptEmbedsNode):
-    """The shared text_encoder node with Wan's guidance rule (guidance_scale > 1)."""
-
-    def uses_guidance(self, params: dict[str, Any]) -> bool:
-        return uses_guidance(params)

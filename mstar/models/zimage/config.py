@@ -4,9 +4,7 @@ ones for tests. Plain dataclasses, no torch, so the spec can import them cheaply
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 
@@ -148,10 +146,18 @@ def from_json_dict(cls: type, data: dict[str, Any]) -> Any:
     return cls(**values)
 
 
-def read_json(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
-
-
 def to_json_dict(config: Any) -> dict[str, Any]:
     """The diffusers-shaped config.json dict (tuples as lists)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+def diffusers_vae_config(vae: VAEConfig) -> dict[str, Any]:
+    """diffusers' AutoencoderKL kwargs of the VAE whose decoder half `vae` describes."""
+    num_blocks = len(vae.block_out_channels)
+    return {
+        **to_json_dict(vae),
+        "in_channels": 3,
+        "down_block_types": ["DownEncoderBlock2D"] * num_blocks,
+        "up_block_types": ["UpDecoderBlock2D"] * num_blocks,
+        "use_quant_conv": False,
+    }

@@ -22,17 +22,19 @@ from mstar.diffusion.packing import bounded_cache_get, pad_rows
 from mstar.engine.attention import AttentionLayout
 from mstar.engine.transfer import to_device
 from mstar.models.zimage.config import DiTConfig, from_json_dict
+from mstar.models.zimage.geometry import SEQ_MULTI_OF, padded_len
+
+__all__ = ["SEQ_MULTI_OF", "DiTInput", "ZImageDiT", "padded_len"]
 from mstar.models.zimage.dit_layers import (
     ADALN_EMBED_DIM,
     FinalLayer,
+    ModulatedBlocks,
     RMSNorm,
     RopeTables,
     TimestepEmbedder,
-    run_modulated_blocks,
 )
 from mstar.models.zimage.dit_layers import TransformerBlock as Block
 
-SEQ_MULTI_OF = 32
 MAX_CACHED_LAYOUTS = 64  # rotary tables and token -> item maps, per geometry (sizes repeat every step)
 # Attention labels planned once per forward.
 IMAGE_REFINER_LABEL = "image_refiner"
@@ -51,22 +53,7 @@ class DiTInput:
     latents: torch.Tensor
     timestep: float
     caption: torch.Tensor
-    frame_dim: bool = False  # the caller's latents were [C, 1, H, W]: return the output that way too
     refined_caption: torch.Tensor | None = None
-
-    @classmethod
-    def of(cls, item: DiTInput | dict) -> DiTInput:
-        """Also accepts the benchmark's dicts {"latents": [C, 1, H, W] or [C, H, W], "timestep", "text"}."""
-        if isinstance(item, DiTInput):
-            return item
-        latents = item["latents"]
-        frame_dim = latents.dim() == 4  # [C, F=1, H, W] as diffusers takes it
-        caption = item["caption"] if "caption" in item else item["text"]
-        return cls(latents.squeeze(1) if frame_dim else latents, float(item["timestep"]), caption, frame_dim)
-
-
-def padded_len(num_tokens: int) -> int:
-    return num_tokens + (-num_tokens) % SEQ_MULTI_OF
 
 
 @dataclass(frozen=True)
@@ -86,6 +73,13 @@ class ItemGeometry:
 
 
 class ZImageDiT(nn.Module):
+    # What the scaffold compiles (mstar.engine.compile.compile_methods), once each with the pack
+    # length dynamic: the noise refiner (image tokens: eager it is a dozen memory-bound passes per
+    # layer over [T, dim]) and the main layers. The context refiner stays eager: captions are short
+    # and their lengths would tie to table sizes. One graph each serves every item count: the item
+    # rows are never one (pad_rows) and no duck shapes (see CompiledFunction).
+    compiled_methods = ("run_noise_refiner", "run_layers")
+
     def __init__(self, config: DiTConfig):
         super().__init__()
         if config.head_dim != sum(config.axes_dims):
@@ -97,24 +91,22 @@ class ZImageDiT(nn.Module):
         self.all_x_embedder = nn.ModuleDict({key: nn.Linear(patch_dim, dim, bias=True)})
         self.all_final_layer = nn.ModuleDict({key: FinalLayer(dim, patch_dim)})
 
-        def blocks(count: int, modulation: bool) -> nn.ModuleList:
-            return nn.ModuleList(
+        def blocks(count: int, modulation: bool) -> list[Block]:
+            return [
                 Block(dim, config.n_heads, config.norm_eps, config.qk_norm, modulation) for _ in range(count)
-            )
+            ]
 
-        self.noise_refiner = blocks(config.n_refiner_layers, True)
-        self.context_refiner = blocks(config.n_refiner_layers, False)
+        self.noise_refiner = ModulatedBlocks(blocks(config.n_refiner_layers, True))
+        self.context_refiner = nn.ModuleList(blocks(config.n_refiner_layers, False))
         self.t_embedder = TimestepEmbedder(min(dim, ADALN_EMBED_DIM))
         self.cap_embedder = nn.Sequential(
             RMSNorm(config.cap_feat_dim, eps=config.norm_eps), nn.Linear(config.cap_feat_dim, dim, bias=True)
         )
         self.x_pad_token = nn.Parameter(torch.zeros((1, dim)))
         self.cap_pad_token = nn.Parameter(torch.zeros((1, dim)))
-        self.layers = blocks(config.n_layers, True)
+        self.layers = ModulatedBlocks(blocks(config.n_layers, True))
         self.rope = RopeTables(config.rope_theta, config.axes_dims, config.axes_lens)
         self._key = key
-        self._run_layers = self._layer_stack
-        self._run_noise_refiner = self._noise_refiner_stack
         self._layout_cache: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     @classmethod
@@ -122,57 +114,6 @@ class ZImageDiT(nn.Module):
         if isinstance(config, dict):
             config = from_json_dict(DiTConfig, config)
         return cls(config)
-
-    def fuse_projections(self) -> None:
-        """Attention q/k/v and the SwiGLU gate/up projections as one GEMM each, in every block
-        (idempotent). Call after the weights are loaded (fusing renames parameters: the state dict
-        keys are diffusers' only before) and before compile_layers."""
-        for block in [*self.noise_refiner, *self.context_refiner, *self.layers]:
-            block.fuse_projections()
-
-    def use_qk_kernel(self) -> None:
-        """Every attention's q/k norm + rotary as one Triton kernel on CUDA (after fuse_projections)."""
-        for block in [*self.noise_refiner, *self.context_refiner, *self.layers]:
-            block.attention.use_qk_kernel()
-
-    def use_norm_kernel(self) -> None:
-        """The modulated blocks' residual updates and norms as one Triton kernel each, on CUDA."""
-        for block in [*self.noise_refiner, *self.layers]:
-            block.use_norm_kernel()
-
-    @property
-    def projections_fused(self) -> bool:
-        return all(block.attention.fused for block in self.layers)
-
-    def compile_layers(self, mode: str, backend=None) -> None:
-        """Compile the main layer stack and the noise refiner (image tokens: eager it is a dozen
-        memory-bound passes per layer over [T, dim]) once each, pack length dynamic. The context
-        refiner stays eager: captions are short and their lengths would tie to table sizes.
-
-        One graph each serves every item count: the item rows are never one (pad_rows) and no
-        duck shapes (see CompiledFunction). `backend`: see CompiledFunction."""
-        from mstar.engine.compile import CompiledFunction
-
-        if mode == "off":
-            self._run_layers, self._run_noise_refiner = self._layer_stack, self._noise_refiner_stack
-            return
-        options = {"persistent_rows": True, "duck_shapes": False, "backend": backend}
-        self._run_layers = CompiledFunction(self._layer_stack, mode, "zimage.dit.layers", **options)
-        self._run_noise_refiner = CompiledFunction(
-            self._noise_refiner_stack, mode, "zimage.dit.noise_refiner", **options
-        )
-
-    def _compiled_parts(self) -> list:
-        return [self._run_layers, self._run_noise_refiner]
-
-    def finish_warmup(self) -> None:
-        for part in self._compiled_parts():
-            if hasattr(part, "finish_warmup"):
-                part.finish_warmup()
-
-    @property
-    def num_recompiles(self) -> int:
-        return sum(getattr(part, "num_recompiles", 0) for part in self._compiled_parts())
 
     # ---- geometry and host-side layout ---------------------------------------------------------
     def geometry(self, item: DiTInput) -> ItemGeometry:
@@ -247,10 +188,8 @@ class ZImageDiT(nn.Module):
         return torch.cat([tokens, pad_token.to(tokens.dtype).expand(num_pad, -1)], dim=0)
 
     # ---- forward -------------------------------------------------------------------------------
-    def forward(self, items: list[DiTInput | dict], attn) -> list[torch.Tensor]:
-        """Predict the flow for every item in one packed pass; returns [C, H, W] per item
-        ([C, 1, H, W] for items given with the frame dimension, as diffusers' layout)."""
-        items = [DiTInput.of(item) for item in items]
+    def forward(self, items: list[DiTInput], attn) -> list[torch.Tensor]:
+        """Predict the flow for every item in one packed pass; returns [C, H, W] per item."""
         device = items[0].latents.device
         dtype = self.all_x_embedder[self._key].weight.dtype
         geos = [self.geometry(item) for item in items]
@@ -258,28 +197,23 @@ class ZImageDiT(nn.Module):
 
         timesteps = to_device(torch.tensor([item.timestep for item in items], dtype=torch.float32), device)
         item_emb = self.t_embedder(timesteps * self.config.t_scale).to(dtype)  # [num_items, adaln_dim]
-        item_emb = pad_rows(item_emb)  # one graph for every item count (compile_layers)
+        item_emb = pad_rows(item_emb)  # one graph for every item count (compiled_methods)
 
         x, x_rope, x_item, cap_rope = self._embed(items, geos, dtype, device)
-        x = self._run_noise_refiner(x, x_rope[0], x_rope[1], item_emb, x_item, attn)
+        x = self.run_noise_refiner(x, x_rope[0], x_rope[1], item_emb, x_item, attn)
         cap = torch.cat([self._refined(item, attn) for item in items])
 
         unified, rope, token_item = self._unify(geos, x, x_rope, cap, cap_rope, device)
-        unified = self._run_layers(unified, rope[0], rope[1], item_emb, token_item, attn)
-        outputs = self._split_outputs(unified, geos)
-        return [out.unsqueeze(1) if item.frame_dim else out for out, item in zip(outputs, items, strict=True)]
+        unified = self.run_layers(unified, rope[0], rope[1], item_emb, token_item, attn)
+        return self._split_outputs(unified, geos)
 
-    def _noise_refiner_stack(self, x, cos, sin, item_emb, x_item, attn) -> torch.Tensor:
+    def run_noise_refiner(self, x, cos, sin, item_emb, x_item, attn) -> torch.Tensor:
         """Noise refiner over the packed image tokens [sum Nx, dim]."""
-        return run_modulated_blocks(
-            self.noise_refiner, x, (cos, sin), attn, IMAGE_REFINER_LABEL, item_emb, x_item
-        )
+        return self.noise_refiner(x, (cos, sin), attn, IMAGE_REFINER_LABEL, item_emb, x_item)
 
-    def _layer_stack(self, unified, cos, sin, item_emb, token_item, attn) -> torch.Tensor:
+    def run_layers(self, unified, cos, sin, item_emb, token_item, attn) -> torch.Tensor:
         """Main layers and final layer over the packed [image_i, caption_i] tokens [T, dim]."""
-        unified = run_modulated_blocks(
-            self.layers, unified, (cos, sin), attn, SELF_LABEL, item_emb, token_item
-        )
+        unified = self.layers(unified, (cos, sin), attn, SELF_LABEL, item_emb, token_item)
         return self.all_final_layer[self._key](unified, item_emb, token_item)
 
     def refine_caption(self, caption: torch.Tensor, attn) -> torch.Tensor:

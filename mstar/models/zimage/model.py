@@ -24,9 +24,10 @@ from mstar.models.validation import (
 )
 from mstar.models.warmup import sized_warmup_requests
 from mstar.models.zimage.config import REAL, ZImageConfig
+from mstar.models.zimage.geometry import ZImageGeometry
+from mstar.params import ImageParams
 
 SIZE_MULTIPLE = 16  # VAE 8x times patch 2
-SEQ_MULTI_OF = 32  # the DiT pads image and caption tokens to this multiple
 DEFAULT_SIZE = 1024
 MIN_SIDE = 64
 MAX_SIDE = 4096
@@ -39,10 +40,15 @@ MAX_GUIDANCE = 20.0
 MAX_PROMPT_CHARS = 8192
 
 
+class ZImageParams(ImageParams, kw_only=True):
+    """A Z-Image-Turbo request."""
+
+
 class ZImageSpec(ModelSpec):
     name = "z-image-turbo"
     task = "text-to-image"
     output_kind = "image"
+    params_type = ZImageParams
     node_names = ("text_encoder", "dit", "vae_decoder")
     walks = {
         "encode_text": Walk("encode_text", ("text_encoder",)),
@@ -55,6 +61,7 @@ class ZImageSpec(ModelSpec):
 
     def __init__(self, config: ZImageConfig = REAL):
         self.config = config
+        self.geometry = ZImageGeometry.of(config)
 
     def limits(self) -> dict[str, Any]:
         side = {**range_limit(DEFAULT_SIZE, self.min_side, MAX_SIDE), "multiple_of": SIZE_MULTIPLE}
@@ -66,7 +73,7 @@ class ZImageSpec(ModelSpec):
             "num_frames": single_frame_limit(),
         }
 
-    def validate(self, params: GenerationParams) -> dict[str, Any]:
+    def validate(self, params: GenerationParams) -> ZImageParams:
         check_prompts(params, MAX_PROMPT_CHARS)
         check_single_image(params, self.name)
         width = self._side("width", params.width)
@@ -76,44 +83,33 @@ class ZImageSpec(ModelSpec):
                 "width",
                 f"width*height must be in [{self.min_pixels}, {MAX_PIXELS}] pixels, got {width}x{height}",
             )
-        return {
-            "prompt": params.prompt,
-            "negative_prompt": params.negative_prompt or "",
-            "width": width,
-            "height": height,
-            "num_inference_steps": steps_in(params.num_inference_steps, DEFAULT_STEPS, MAX_STEPS),
-            "guidance_scale": guidance_in(params.guidance_scale, DEFAULT_GUIDANCE, MAX_GUIDANCE),
-            "seed": seed_or_random(params.seed),
-        }
+        return ZImageParams(
+            prompt=params.prompt,
+            negative_prompt=params.negative_prompt or "",
+            width=width,
+            height=height,
+            num_inference_steps=steps_in(params.num_inference_steps, DEFAULT_STEPS, MAX_STEPS),
+            guidance_scale=guidance_in(params.guidance_scale, DEFAULT_GUIDANCE, MAX_GUIDANCE),
+            seed=seed_or_random(params.seed),
+        )
 
     def _side(self, field: str, value: int | None) -> int:
         return multiple_in(field, value, DEFAULT_SIZE, self.min_side, MAX_SIDE, SIZE_MULTIPLE)
 
-    def step_tokens(self, params: dict[str, Any]) -> int:
+    def step_tokens(self, params: ZImageParams) -> int:
         """Image plus caption tokens (the caption at its longest) times the guidance labels."""
-        config = self.config
-        patch = config.dit.patch_size
-        latent_scale = config.vae.spatial_scale * patch  # pixels per token side
-        num_image = (params["height"] // latent_scale) * (params["width"] // latent_scale)
-        num_tokens = _padded(num_image) + _padded(config.max_sequence_length)
-        num_labels = 2 if float(params.get("guidance_scale") or 0.0) > 0.0 else 1  # as uses_guidance
-        return num_tokens * num_labels
+        return self.geometry.step_tokens(params.width, params.height, params.guidance_scale)
 
-    def first_walk(self, params: dict[str, Any]) -> str:
+    def first_walk(self, params: ZImageParams) -> str:
         return "encode_text"
 
-    def next_walk(self, params: dict[str, Any], finished: str) -> str | None:
+    def next_walk(self, params: ZImageParams, finished: str) -> str | None:
         return "t2i" if finished == "encode_text" else None
 
-    def warmup_requests(self, config: Any) -> list[dict[str, Any]]:
+    def warmup_requests(self, config: Any) -> list[ZImageParams]:
         return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
         from mstar.models.zimage.nodes import build_nodes
 
         return build_nodes(self.config, ctx)
-
-
-def _padded(num_tokens: int) -> int:
-    """Rounded up to the DiT's sequence multiple (zimage.dit.SEQ_MULTI_OF, kept torch-free here)."""
-    return num_tokens + (-num_tokens) % SEQ_MULTI_OF

@@ -1,25 +1,19 @@
-"""Building Z-Image's nodes inside a worker: text_encoder (Qwen3), dit (the denoise loop) and
-vae_decoder, from a diffusers folder (--model-path) or with seeded random weights."""
+"""Building Z-Image's nodes inside a worker from a diffusers folder (--model-path) or with seeded
+random weights: text_encoder (Qwen3), dit (the denoise loop) and vae_decoder, each the shared node
+over a ZImagePipeline holding that node's component."""
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import torch
 
-from mstar.graph import BuildContext, Node, RequestState
+from mstar.graph import BuildContext, Node
 from mstar.models.checkpoint import default_dtype
+from mstar.models.scaffold import build_dit_node, build_named_nodes, checkpoint_folder, warmup_sizes
 from mstar.models.zimage.config import ZImageConfig
-from mstar.models.zimage.denoise import LATENTS, ZImageDenoiseNode, ZImageDenoiser, ZImageHooks, latent_size
-from mstar.models.zimage.text_encoder import PromptEncoder, TextEncoderNode, build_qwen3
-from mstar.models.zimage.vae import VAEDecoder
+from mstar.models.zimage.pipeline import ZImagePipeline
 from mstar.models.zimage.weights import build_dit, build_vae_decoder, load_configs
 
-logger = logging.getLogger(__name__)
-
-FRAMES = "frames"
-DEFAULT_WARMUP_SIZES = ((1024, 1024),)
+MODEL_NAME = "z-image-turbo"
 
 
 def as_inference_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -32,204 +26,95 @@ def as_inference_tensor(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.clone(memory_format=torch.contiguous_format)
 
 
-class CheckedCompiledDecode:
-    """`vae.decode_frames` compiled with static shapes (one graph per latent size), its GroupNorms
-    taking their statistics by pixel blocks. A size is decoded compiled only once its compile was
-    checked against the eager decode (mstar.engine.background_compile.CheckedCompile: inline at
-    warmup, off the serving path for any other size, which decodes eagerly meanwhile); below
-    MIN_COMPILED_PSNR_DB (a miscompile) that size stays eager, so wrong frames are never served.
-    Compile mode "off" is the plain eager decode (F.group_norm)."""
-
-    def __init__(self, vae: VAEDecoder, compile_mode: str, compiler=None):
-        from mstar.diffusion.vae_decode import VAE_INDUCTOR_OPTIONS
-        from mstar.engine.background_compile import CheckedCompile
-        from mstar.engine.compile import CompiledFunction
-
-        self.vae = vae
-        self.compile_mode = compile_mode
-        if compile_mode != "off":
-            # Compiled, F.group_norm reduces each group in one long row; by pixel blocks the 1024x1024
-            # decode took 27.3 ms against 35.2 on an H200 (mstar.bench.vae_profile). Set for good:
-            # the compiled graph guards on it. The eager check and fallback below then use it too.
-            vae.use_pixel_block_norms()
-        # Static shapes: 35 ms vs 86 ms eager for 1024x1024 on an H200 (mstar.bench.stages).
-        self.compiled = CompiledFunction(
-            vae.decode_frames, compile_mode, "zimage_vae_decode", dynamic=False,
-            extra_options=VAE_INDUCTOR_OPTIONS,
-        )  # fmt: skip
-        self.checked = CheckedCompile(
-            "zimage_vae_decode", self._check_size, enabled=compile_mode != "off", compiler=compiler
-        )
-
-    def __call__(self, latents: torch.Tensor) -> torch.Tensor:
-        """latents float32 [C, h, w] -> uint8 [1, H, W, 3] on the same device."""
-        if self.checked.use_compiled(tuple(latents.shape[-2:])):
-            return self.compiled(as_inference_tensor(latents))
-        return self.vae.decode_frames(latents)
-
-    def warm(self, latents: torch.Tensor) -> float:
-        """Compile and check this latent size now (boot warmup); the PSNR (dB) against eager."""
-        return self.checked.warm(tuple(latents.shape[-2:]), lambda size: self._compiled_vs_eager_db(latents))
-
-    def _check_size(self, size: tuple[int, int]) -> float:
-        from mstar.diffusion.noise import seeded_noise
-
-        latents = seeded_noise((self.vae.config.latent_channels, *size), seed=0, device=self.device)
-        return self._compiled_vs_eager_db(latents)
-
-    @torch.inference_mode()
-    def _compiled_vs_eager_db(self, latents: torch.Tensor) -> float:
-        from mstar.diffusion.vae_decode import uint8_psnr_db
-
-        frames = self.compiled(as_inference_tensor(latents))
-        return uint8_psnr_db(frames, self.vae.decode_frames(latents))
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.vae.parameters()).device
-
-    @property
-    def psnr_db_by_size(self) -> dict:
-        return self.checked.psnr_db  # latent (h, w) -> compiled vs eager at its check
-
-    @property
-    def eager_sizes(self) -> set:
-        from mstar.engine.background_compile import EAGER
-
-        return self.checked.keys(EAGER)  # sizes whose compiled frames were wrong (or whose compile failed)
-
-    def finish_warmup(self) -> None:
-        """After the warmup sizes: a compile from now on on the serving path is a recompile."""
-        self.compiled.finish_warmup()
-
-    @property
-    def num_recompiles(self) -> int:
-        return self.compiled.num_recompiles
-
-
-class VAEDecodeNode(Node):
-    """Final latents -> request.tensors["frames"] uint8 [1, H, W, 3] on the device (compiled per
-    size on GPU, see CheckedCompiledDecode)."""
-
-    def __init__(
-        self, vae: VAEDecoder, compile_mode: str = "off", warmup_sizes=(), name: str = "vae_decoder",
-        max_batch_size: int = 4,
-    ):  # fmt: skip
-        self.vae = vae
-        self.decode = CheckedCompiledDecode(vae, compile_mode)
-        self.warmup_sizes = list(warmup_sizes)  # (width, height) pairs
-        self.name = name
-        self.max_batch_size = max_batch_size
-        self.device = next(vae.parameters()).device
-
-    @torch.inference_mode()
-    def forward(self, batch: list[RequestState]) -> None:
-        for request in batch:  # sizes differ between requests; one image is one decode
-            # float32 as at warmup, so the compiled graph's dtype guard holds (the decode makes the
-            # layout and tensor kind match too: as_inference_tensor).
-            latents = request.tensors.pop(LATENTS).to(self.device, torch.float32)
-            request.tensors[FRAMES] = self.decode(latents)
-
-    @torch.inference_mode()
-    def warmup(self) -> None:
-        """Compile and check each configured size on seeded random latents (zeros decode to
-        near-flat frames that would hide a miscompile)."""
-        from mstar.diffusion.noise import seeded_noise
-
-        config = self.vae.config
-        for index, (width, height) in enumerate(self.warmup_sizes):
-            h, w = latent_size(height, width, config.spatial_scale)
-            self.decode.warm(seeded_noise((config.latent_channels, h, w), seed=index, device=self.device))
-        self.decode.finish_warmup()
-
-    def num_recompiles(self) -> int:
-        return self.decode.num_recompiles
-
-
-def warmup_sizes(compile_sizes: list[str]) -> list[tuple[int, int]]:
-    """(width, height) from the config's "WxH" compile sizes; 1024x1024 when none are named."""
-    sizes = [tuple(int(n) for n in size.split("x")[:2]) for size in compile_sizes]
-    return sizes or list(DEFAULT_WARMUP_SIZES)
-
-
 def build_nodes(default_config: ZImageConfig, ctx: BuildContext) -> dict[str, Node]:
-    if ctx.model_path is None and not ctx.random_weights:
-        raise ValueError("z-image-turbo needs --model-path (a diffusers folder) or --random-weights")
-    model_path = None if ctx.random_weights else ctx.model_path
+    model_path = checkpoint_folder(ctx, MODEL_NAME)
     config = load_configs(model_path, default_config)
-    server = ctx.config
-    dtype = default_dtype(ctx.device, server.dtype)
-    attn = None
-    if "dit" in ctx.node_names:
-        from mstar.engine.resources import build_engine_resources
-
-        # Workspace and attention backend before any weights take memory; boot fails fast on a bad backend.
-        attn = build_engine_resources(server, ctx.device, dtype).attention
-    nodes: dict[str, Node] = {}
-    for name in ctx.node_names:
-        if name == "text_encoder":
-            nodes[name] = _text_node(config, ctx, model_path, dtype)
-        elif name == "dit":
-            nodes[name] = _dit_node(config, ctx, model_path, dtype, attn)
-        else:
-            nodes[name] = _vae_node(config, ctx, model_path, dtype)
-    return nodes
+    dtype = default_dtype(ctx.device, ctx.config.dtype)
+    builders = {
+        "text_encoder": lambda: _text_node(config, ctx, model_path, dtype),
+        "dit": lambda: _dit_node(config, ctx, model_path, dtype),
+        "vae_decoder": lambda: _vae_node(config, ctx, model_path, dtype),
+    }
+    return build_named_nodes(ctx, MODEL_NAME, builders)
 
 
 def _text_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
-    folder = None if model_path is None else str(Path(model_path) / "text_encoder")
+    from mstar.models.text_encoding import PromptEmbedsNode
+    from mstar.models.text_fallback import load_tokenizer
+    from mstar.models.zimage.text_encoder import Qwen3PromptEncoder, build_qwen3
+
+    folder = None if model_path is None else f"{model_path}/text_encoder"
     progress = ctx.progress or (lambda label, done, total: None)
     progress("loading text_encoder", 0, 1)  # transformers loads it: one bar for the whole module
     model = build_qwen3(config.text_encoder, ctx.device, dtype, path=folder)
     progress("loading text_encoder", 1, 1)
-    tokenizer = load_tokenizer(model_path, config)
-    encoder = PromptEncoder(
+    tokenizer_dir = None if model_path is None else f"{model_path}/tokenizer"
+    # Qwen's tokenizer adds no special tokens to text; the chat markers carry the structure.
+    tokenizer = load_tokenizer(
+        tokenizer_dir, config.text_encoder["vocab_size"], config.max_sequence_length, add_eos=False
+    )
+    encoder = Qwen3PromptEncoder(
         model, tokenizer, ctx.device, config.max_sequence_length, cuda_graphs=ctx.config.cuda_graphs
     )
-    return TextEncoderNode(
-        encoder,
+    return PromptEmbedsNode(
+        ZImagePipeline(config, ctx.device, text_encoder=encoder),
         max_batch_size=ctx.config.max_batch_size,
         max_cached_bytes=ctx.config.prompt_cache_mb * 1024 * 1024,
     )
 
 
-def load_tokenizer(model_path: str | None, config: ZImageConfig):
-    """The folder's tokenizer/, else the deterministic fallback (random weights, no downloads)."""
-    if model_path is not None and (Path(model_path) / "tokenizer").is_dir():
-        from transformers import AutoTokenizer
+def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
+    from mstar.models.zimage.optimize import optimize
 
-        return AutoTokenizer.from_pretrained(str(Path(model_path) / "tokenizer"))
-    from mstar.models.text_fallback import FallbackTokenizer
+    def load():
+        return build_dit(config.dit, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
 
-    # Qwen's tokenizer adds no special tokens to text; the chat markers carry the structure.
-    return FallbackTokenizer(config.text_encoder["vocab_size"], config.max_sequence_length, add_eos=False)
+    def pipeline(dit, attention) -> ZImagePipeline:
+        return ZImagePipeline(config, ctx.device, dit=dit, attention=attention)
 
-
-def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype, attn) -> Node:
-    from mstar.engine.compile import effective_mode
-    from mstar.engine.kernels import triton_kernels_usable
-
-    server = ctx.config
-    dit = build_dit(config.dit, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
-    if server.fuse_projections and ctx.device.startswith("cuda"):
-        dit.fuse_projections()  # after loading (diffusers' keys), before compile
-        if server.triton_kernels and triton_kernels_usable(ctx.device):
-            dit.use_qk_kernel()
-            dit.use_norm_kernel()
-    mode = effective_mode(server.compile_mode, ctx.device)
-    dit.compile_layers(mode)
-    sizes = warmup_sizes(server.compile_sizes) if server.warmup and mode != "off" else []
-    return ZImageDenoiseNode(
-        "dit", ZImageDenoiser(dit, attn, ctx.device), ZImageHooks(config, ctx.device), sizes,
-        max_batch_size=server.max_batch_size, max_step_cost=server.max_tokens_per_step,
-    )  # fmt: skip
+    return build_dit_node(ctx, dtype, "zimage.dit", load=load, pipeline=pipeline, optimize=optimize)
 
 
 def _vae_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
+    from mstar.diffusion.vae_nodes import DecodeNode
     from mstar.engine.compile import effective_mode
 
-    server = ctx.config
     vae = build_vae_decoder(config.vae, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
-    mode = effective_mode(server.compile_mode, ctx.device)
-    sizes = warmup_sizes(server.compile_sizes) if server.warmup and mode != "off" else []
-    return VAEDecodeNode(vae, mode, sizes, max_batch_size=server.max_batch_size)
+    mode = effective_mode(ctx.config.compile_mode, ctx.device)
+    pipeline = ZImagePipeline(config, ctx.device, vae=vae, decoder=checked_decode(vae, mode))
+    return DecodeNode(
+        pipeline, warmup_sizes=warmup_sizes(ctx.config, mode), max_batch_size=ctx.config.max_batch_size
+    )
+
+
+def checked_decode(vae, compile_mode: str, compiler=None):
+    """`vae.decode_frames` compiled with static shapes (one graph per latent size; 35 ms vs 86 eager
+    at 1024x1024 on an H200), its GroupNorms taking their statistics by pixel blocks (compiled,
+    F.group_norm reduced each group in one long row: 27.3 ms against 35.2). A size decodes compiled
+    only once its compile was checked against the eager decode (mstar.engine.checked_compile: inline
+    at warmup, off the serving path for any other size, which decodes eagerly meanwhile); a
+    miscompiled size stays eager. None for compile mode "off": the plain eager decode (F.group_norm)."""
+    if compile_mode == "off":
+        return None
+    from mstar.diffusion.noise import seeded_noise
+    from mstar.diffusion.vae_decode import VAE_INDUCTOR_OPTIONS
+    from mstar.engine.checked_compile import CheckedFunction
+    from mstar.engine.compile import CompiledFunction
+
+    vae.use_pixel_block_norms()  # for good: the compiled graph guards on it, and eager then uses it too
+    compiled = CompiledFunction(
+        vae.decode_frames,
+        compile_mode,
+        "zimage_vae_decode",
+        dynamic=False,
+        extra_options=VAE_INDUCTOR_OPTIONS,
+    )
+    device = next(vae.parameters()).device
+
+    def example(size: tuple[int, int]) -> tuple[torch.Tensor]:  # seeded: zeros would hide a miscompile
+        return (seeded_noise((vae.config.latent_channels, *size), seed=0, device=device),)
+
+    return CheckedFunction(
+        "zimage_vae_decode", lambda latents: compiled(as_inference_tensor(latents)), vae.decode_frames,
+        key=lambda latents: tuple(latents.shape[-2:]), example=example, parts=[compiled], compiler=compiler,
+    )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Qwen3 prompt encoder and the `text_encoder` node, as ZImagePipeline.encode_prompt does it:
+"""Z-Image's prompt encoder, Qwen3, as ZImagePipeline.encode_prompt does it:
 chat template (user turn, generation prompt, thinking enabled), truncation to 512 tokens, the
 second-to-last hidden state, and only the tokens the attention mask keeps."""
 
@@ -10,7 +10,6 @@ import torch
 
 from mstar.engine.cuda_graphs import DEFAULT_BUCKET_LENGTHS, GraphedByLength
 from mstar.engine.transfer import to_device
-from mstar.models.text_encoding import PromptEmbedsNode
 
 # What Qwen3's chat template renders for one user turn with add_generation_prompt=True and
 # enable_thinking=True (used when a tokenizer carries no template, e.g. the fallback tokenizer).
@@ -26,7 +25,7 @@ def chat_text(tokenizer: Any, prompt: str) -> str:
     return QWEN3_USER_TURN.format(prompt=prompt)
 
 
-class PromptEncoder:
+class Qwen3PromptEncoder:
     """Qwen3Model + tokenizer -> one [num_tokens, hidden] embedding per prompt.
 
     The pipeline pads to 512 tokens; with a causal model the kept tokens see exactly what they see
@@ -37,19 +36,19 @@ class PromptEncoder:
         model: Any,
         tokenizer: Any,
         device: torch.device | str,
-        max_sequence_length: int = 512,
+        max_text_tokens: int = 512,
         cuda_graphs: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
-        self.max_sequence_length = max_sequence_length
+        self.max_text_tokens = max_text_tokens
         self.hidden = self._second_to_last_hidden
         if cuda_graphs and self.device.type == "cuda":
             # Causal: right-padding a prompt to its bucket leaves its own tokens' states unchanged.
-            buckets = tuple(n for n in DEFAULT_BUCKET_LENGTHS if n < max_sequence_length)
+            buckets = tuple(n for n in DEFAULT_BUCKET_LENGTHS if n < max_text_tokens)
             self.hidden = GraphedByLength(
-                self._second_to_last_hidden, _pad_id(tokenizer), self.device, (*buckets, max_sequence_length)
+                self._second_to_last_hidden, _pad_id(tokenizer), self.device, (*buckets, max_text_tokens)
             )
 
     def warmup(self) -> None:
@@ -61,7 +60,7 @@ class PromptEncoder:
         """input_ids [1, num_tokens] of one prompt in its chat template, on the host (no padding)."""
         encoded = self.tokenizer(
             [chat_text(self.tokenizer, prompt)],
-            max_length=self.max_sequence_length,
+            max_length=self.max_text_tokens,
             truncation=True,
             return_tensors="pt",
         )
@@ -97,18 +96,6 @@ def _pad_id(tokenizer: Any) -> int:
     """The token right-padding fills with (any id would do: causal, its states are dropped)."""
     pad_id = getattr(tokenizer, "pad_token_id", None)
     return 0 if pad_id is None else int(pad_id)
-
-
-def uses_guidance(params: dict[str, Any]) -> bool:
-    """The pipeline runs classifier-free guidance whenever guidance_scale > 0."""
-    return float(params.get("guidance_scale") or 0.0) > 0.0
-
-
-class TextEncoderNode(PromptEmbedsNode):
-    """The shared text_encoder node with Z-Image's guidance rule (guidance_scale > 0)."""
-
-    def uses_guidance(self, params: dict[str, Any]) -> bool:
-        return uses_guidance(params)
 
 
 def build_qwen3(

@@ -20,9 +20,9 @@ PROMPT, CHUNK, DECODES = 300, 128, 4
 
 def transformers_twin(config):
     pytest.importorskip("transformers")
-    from mstar.bench.llm_baseline import transformers_model
+    from mstar.models.qwen3.bench import Qwen3Bench
 
-    return transformers_model(config, "cuda", seed=0, dtype=torch.float32)
+    return Qwen3Bench().reference_model(config, "cuda", seed=0, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("name", ["qwen3-0.6b", "qwen3-8b"])
@@ -69,9 +69,11 @@ def test_logits_match_transformers(name):
     hf = transformers_twin(config)
     expected = hf(tokens[None].cuda()).logits[0, PROMPT - 1 :].float()
     del hf
-    from mstar.bench.llm_baseline import transformers_model
+    from mstar.models.qwen3.bench import Qwen3Bench
 
-    hf_bf16 = transformers_model(config, "cuda", seed=0)  # for scale: transformers' own bf16 error
+    hf_bf16 = Qwen3Bench().reference_model(
+        config, "cuda", 0, torch.bfloat16
+    )  # for scale: transformers' own bf16 error
     theirs = hf_bf16(tokens[None].cuda()).logits[0, PROMPT - 1 :].float()
     errors = [relative_error(ours_logits[row], expected[row]) for row in range(DECODES + 1)]
     theirs_errors = [relative_error(theirs[row], expected[row]) for row in range(DECODES + 1)]

@@ -9,8 +9,9 @@ from mstar.config import ServerConfig
 from mstar.graph import BuildContext, GenerationParams, RequestState
 from mstar.models.tiny_digits.config import DIT_FILE, TinyDigitsConfig
 from mstar.models.tiny_digits.model import TinyDigitsSpec
-from mstar.models.tiny_digits.nodes import DecoderNode, build_digits_nodes
+from mstar.models.tiny_digits.nodes import build_nodes
 from mstar.models.tiny_digits.offline import generate
+from mstar.models.tiny_digits.pipeline import DigitsPipeline
 from mstar.models.tiny_digits.train import Trainer, TrainSettings
 
 NODE_NAMES = TinyDigitsSpec.node_names
@@ -24,7 +25,7 @@ def build(weights_dir, random_weights=False):
         model_path=str(weights_dir),
         random_weights=random_weights,
     )
-    return build_digits_nodes(ctx)
+    return build_nodes(ctx)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def trained_dir(tmp_path_factory):
 
 
 def test_decoder_maps_ink_to_dark_pixels_on_white():
-    decoder = DecoderNode(256)
+    decoder = DigitsPipeline(TinyDigitsConfig(output_size=256), "cpu")
     blank = decoder.decode(torch.full((1, 1, 16, 16), -1.0))
     inked = decoder.decode(torch.full((1, 1, 16, 16), 1.0))
     assert blank.shape == (1, 256, 256, 3) and blank.dtype == torch.uint8
@@ -74,8 +75,8 @@ def test_random_weights_need_only_config_and_vocab(trained_dir, tmp_path):
         (tmp_path / name).write_bytes((trained_dir / name).read_bytes())
     nodes = build(tmp_path, random_weights=True)
     again = build(tmp_path, random_weights=True)
-    for name, param in nodes["dit"].denoiser.dit.state_dict().items():
-        assert torch.equal(param, again["dit"].denoiser.dit.state_dict()[name]), name
+    for name, param in nodes["dit"].pipeline.dit.state_dict().items():
+        assert torch.equal(param, again["dit"].pipeline.dit.state_dict()[name]), name
 
 
 def test_guidance_doubles_the_step_cost(trained_dir):
@@ -108,7 +109,7 @@ def test_shipped_dit_is_a_diffusers_wan_transformer():
         **{**config.dit, "patch_size": tuple(config.dit["patch_size"])}
     )
     reference.load_state_dict(load_file(str(WEIGHTS_DIR / DIT_FILE)), strict=True)
-    ours = build_local_nodes()["dit"].denoiser
+    ours = build_local_nodes()["dit"].pipeline
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(1, 1, 16, 16, generator=generator)  # [C, F, H, W]
     text = torch.randn(3, config.text_dim, generator=generator)

@@ -8,7 +8,7 @@ import pytest
 from mstar.errors import InvalidParam
 from mstar.graph import GenerationParams, Loop
 from mstar.models.registry import get_model_spec
-from mstar.models.tiny_digits.model import MAX_STEPS, TinyDigitsSpec
+from mstar.models.tiny_digits.model import MAX_STEPS, DigitsParams, TinyDigitsSpec
 
 
 def test_registry_returns_the_spec_and_import_stays_light():
@@ -31,27 +31,27 @@ def test_walks_encode_text_then_loop_dit_then_decoder():
     assert set(spec.node_names) == {n for walk in spec.walks.values() for n in walk.nodes()}
 
 
-def test_defaults_are_resolved_and_json_able():
+def test_defaults_are_resolved_into_the_typed_params():
     spec = TinyDigitsSpec()
     params = spec.validate(GenerationParams(prompt="seven", seed=3))
-    assert params == {
-        "prompt": "seven",
-        "negative_prompt": "",
-        "width": 256,
-        "height": 256,
-        "num_inference_steps": spec.limits()["num_inference_steps"]["default"],
-        "guidance_scale": spec.limits()["guidance_scale"]["default"],
-        "seed": 3,
-    }
+    assert params == DigitsParams(
+        prompt="seven",
+        negative_prompt="",
+        width=256,
+        height=256,
+        num_inference_steps=spec.limits()["num_inference_steps"]["default"],
+        guidance_scale=spec.limits()["guidance_scale"]["default"],
+        seed=3,
+    )
     assert spec.limits()["sizes"] == ["256x256"]
-    assert 1.0 < params["guidance_scale"] <= 5.0
+    assert 1.0 < params.guidance_scale <= 5.0
     unseeded = spec.validate(GenerationParams(prompt="seven"))
-    assert isinstance(unseeded["seed"], int) and unseeded["seed"] >= 0
+    assert isinstance(unseeded.seed, int) and unseeded.seed >= 0
 
 
 def test_served_size_is_accepted_explicitly():
     params = TinyDigitsSpec().validate(GenerationParams(prompt="7", width=256, height=256, num_frames=1))
-    assert (params["width"], params["height"]) == (256, 256)
+    assert (params.width, params.height) == (256, 256)
 
 
 @pytest.mark.parametrize(

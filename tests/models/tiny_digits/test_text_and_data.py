@@ -72,11 +72,14 @@ def test_upscaled_digits_keep_their_class():
 
 
 def test_frames_and_model_pixels_give_the_same_ink_grid():
-    from mstar.models.tiny_digits.nodes import DecoderNode
+    from mstar.models.tiny_digits.config import TinyDigitsConfig
+    from mstar.models.tiny_digits.pipeline import DigitsPipeline
 
     _, held_out = data.load_splits()
     pixels = data.upscale_to_model(held_out.images_8px[:5], 16)
-    frames = np.concatenate([DecoderNode(256).decode(p).numpy() for p in pixels])  # [5, 256, 256, 3]
+    frames = np.concatenate(
+        [DigitsPipeline(TinyDigitsConfig(output_size=256), "cpu").decode(p).numpy() for p in pixels]
+    )  # [5, 256, 256, 3]
     # bilinear 16 -> 256 then 32x32 averages vs 2x2 averages: equal up to edge blur (ink levels 0..16)
     np.testing.assert_allclose(data.ink_grid_from_frames(frames), data.ink_grid_from_model(pixels), atol=1.25)
 

@@ -6,6 +6,7 @@ import torch
 from mstar.engine.attention import build_attention
 from mstar.models.wan22.config import tiny_wan22_config
 from mstar.models.wan22.dit import DiTInput, WanDiT
+from mstar.models.wan22.optimize import optimize
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -24,7 +25,7 @@ def models(request):
     ours = WanDiT(config).eval()
     ours.load_state_dict(theirs.state_dict(), strict=True)  # diffusers' keys: load before fusing
     if request.param:
-        ours.fuse_projections()
+        ours = optimize(ours, fuse=True, kernels=False)
     return ours, theirs
 
 

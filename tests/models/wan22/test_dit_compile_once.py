@@ -7,8 +7,16 @@ import torch._dynamo
 
 from mstar.diffusion.packing import MIN_COMPILED_ROWS
 from mstar.engine.attention import build_attention
+from mstar.engine.compile import compile_methods
 from mstar.models.wan22.config import tiny_wan22_config
 from mstar.models.wan22.dit import DiTInput, WanDiT
+
+# as build_dit_node compiles them, with inductor replaced by aot_eager (no C++ build on the CPU)
+SERVED_OPTIONS = {
+    "persistent_rows": True,
+    "duck_shapes": False,
+    "backend": torch._dynamo.lookup_backend("aot_eager"),
+}
 
 
 def _item(frames: int, height: int, width: int, timestep: float = 999.0, num_clean_frames: int = 0):
@@ -33,9 +41,11 @@ def test_one_compile_serves_every_item_count_and_matches_eager():
     attention = build_attention("torch", "cpu", torch.float32)
     with torch.inference_mode():
         eager = [dit(batch, attention) for batch in BATCHES]
-        dit.compile_layers("deterministic", backend=torch._dynamo.lookup_backend("aot_eager"))
+        (part,) = compile_methods(
+            dit, WanDiT.compiled_methods, "deterministic", "wan.dit", **SERVED_OPTIONS
+        ).parts
         compiled = [dit(batch, attention) for batch in BATCHES]
-    assert dit._layers.num_compiles == 1
+    assert part.num_compiles == 1
     for want, got in zip(eager, compiled, strict=True):
         for a, b in zip(want, got, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
@@ -63,15 +73,15 @@ def test_a_size_after_warmup_compiles_nothing_and_per_item_parts_run_eagerly(mon
         )
     dit.patch_embedding.register_forward_hook(lambda *_: compiling_seen.append(torch.compiler.is_compiling()))
     with torch.inference_mode():
-        dit.compile_layers("deterministic", backend=torch._dynamo.lookup_backend("aot_eager"))
+        parts = compile_methods(dit, WanDiT.compiled_methods, "deterministic", "wan.dit", **SERVED_OPTIONS)
         dit([_item(2, 8, 12)], attention)
         dit([_item(2, 8, 12)] * 2, attention)
-        dit.finish_warmup()
+        parts.finish_warmup()
         for batch in (
             [_item(3, 12, 16)],
             [_item(5, 8, 8), _item(2, 16, 12, 10.0)],
             [_item(3, 8, 8, num_clean_frames=1)],
         ):
             dit(batch, attention)
-    assert dit.num_recompiles == 0 and dit._layers.num_compiles == 1
+    assert parts.num_recompiles == 0 and [part.num_compiles for part in parts.parts] == [1]
     assert compiling_seen and not any(compiling_seen)

@@ -1,5 +1,6 @@
-"""Fused projections of the Wan DiT: same output as unfused, no separate weights left, and the
-fused layer stack traces as one dynamic graph (aot_eager, CPU)."""
+"""optimize(): the Wan DiT's fused projections give the eager output, leave no separate weights and
+trace as one dynamic graph (aot_eager, CPU); its kernel modules give the fused output exactly (on
+the CPU the ops are their PyTorch definitions)."""
 
 import copy
 import dataclasses
@@ -11,6 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from mstar.engine.attention import build_attention
 from mstar.models.wan22.config import tiny_wan22_config
 from mstar.models.wan22.dit import DiTInput, WanDiT
+from mstar.models.wan22.optimize import FusedSelfAttention, KernelBlocks, KernelSelfAttention, optimize
 
 MAX_FUSED_RELATIVE_ERROR = 1e-6
 SEPARATE_PROJECTIONS = ("to_q.", "to_k.", "to_v.")
@@ -31,8 +33,7 @@ def _run(model: WanDiT, items: list[DiTInput]) -> list[torch.Tensor]:
 def unfused_and_fused():
     torch.manual_seed(0)
     unfused = WanDiT(tiny_wan22_config().dit).eval()
-    fused = copy.deepcopy(unfused)
-    fused.fuse_projections()
+    fused = optimize(copy.deepcopy(unfused), fuse=True, kernels=False)
     return unfused, fused
 
 
@@ -50,27 +51,20 @@ def test_fused_equals_unfused_and_drops_separate_projections(unfused_and_fused):
     assert "blocks.0.attn1.to_qkv.weight" in names and "blocks.0.attn2.to_kv.weight" in names
     # Memory stays flat: the same number of parameter elements as before fusing.
     assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in unfused.parameters())
-    assert fused.projections_fused and not unfused.projections_fused
-
-
-def test_fuse_is_idempotent(unfused_and_fused):
-    _, fused = unfused_and_fused
-    before = fused.blocks[0].attn1.to_qkv.weight
-    fused.fuse_projections()
-    assert fused.blocks[0].attn1.to_qkv.weight is before
+    assert all(type(block.attn1) is FusedSelfAttention for block in fused.blocks)
+    assert [name for name, _ in fused.named_parameters() if "to_qkv" in name][
+        0
+    ] == "blocks.0.attn1.to_qkv.weight"
 
 
 @pytest.mark.parametrize("qk_kernel", [False, True])
 def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused, qk_kernel):
-    _, eager = unfused_and_fused
-    model = copy.deepcopy(eager)
+    unfused, eager = unfused_and_fused
     if qk_kernel:  # triton_ops: compile traces into them (on the CPU, their PyTorch definitions)
-        eager = copy.deepcopy(eager)
-        for dit in (eager, model):
-            dit.use_qk_kernel()
-            dit.use_norm_kernel()
+        eager = optimize(copy.deepcopy(unfused), fuse=True, kernels=True)
+    model = copy.deepcopy(eager)
     counter = CompileCounterWithBackend("aot_eager")
-    model._layers = torch.compile(model.run_layers, backend=counter, fullgraph=True, dynamic=True)
+    model.run_layers = torch.compile(model.run_layers, backend=counter, fullgraph=True, dynamic=True)
     # Two items each time: one item has one modulation row (size 1 specialises: its own graph).
     # Text lengths avoid 24 (the tiny dim): duck sizing would tie the two and specialise.
     for items in (
@@ -85,7 +79,8 @@ def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused,
 
 def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fused):
     from mstar.models.rotary import halves_order
-    from mstar.models.wan22.dit_layers import apply_rotary, apply_rotary_halves
+    from mstar.models.wan22.dit_layers import apply_rotary
+    from mstar.models.wan22.optimize import apply_rotary_halves
 
     num_heads, head_dim = 3, 8
     order = halves_order(num_heads, head_dim)
@@ -95,8 +90,6 @@ def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fuse
     interleaved = apply_rotary(x.unflatten(-1, (num_heads, head_dim)), angles.cos(), angles.sin())
     halves = apply_rotary_halves(x[:, order].unflatten(-1, (num_heads, head_dim)), angles.cos(), angles.sin())
     assert torch.equal(halves.flatten(-2), interleaved.flatten(-2)[:, order])
-    _, fused = unfused_and_fused
-    assert all(block.attn1.rotary_halves and not block.attn2.rotary_halves for block in fused.blocks)
 
 
 def test_qk_kernel_op_gives_the_fused_output_and_needs_fused_projections(unfused_and_fused):
@@ -104,13 +97,13 @@ def test_qk_kernel_op_gives_the_fused_output_and_needs_fused_projections(unfused
     the Triton kernel itself is checked against that definition in tests/engine."""
     unfused, fused = unfused_and_fused
     with_kernel = copy.deepcopy(fused)
-    with_kernel.use_qk_kernel()
-    assert all(block.attn1.qk_kernel and not block.attn2.qk_kernel for block in with_kernel.blocks)
+    for block in with_kernel.blocks:  # the q/k kernel alone, without the block kernel
+        block.attn1.__class__ = KernelSelfAttention
     items = [_item(3, 2, 8, 8), _item(4, 1, 6, 10, text_len=5)]
     for want, got in zip(_run(fused, items), _run(with_kernel, items), strict=True):
         assert torch.equal(got, want)
-    with pytest.raises(ValueError, match="fused self-attention projections"):
-        copy.deepcopy(unfused).use_qk_kernel()
+    with pytest.raises(ValueError, match="fused projections"):
+        optimize(copy.deepcopy(unfused), fuse=False, kernels=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -118,14 +111,16 @@ def test_norm_kernel_op_gives_the_models_output_exactly(unfused_and_fused, dtype
     """Each block hands the next its normed, modulated input through mstar::residual_layer_norm,
     the last one the output head's: on the CPU (the op's PyTorch definition) the very same bytes,
     with the keep-in-fp32 parameters of a bf16 model as served."""
-    _, fused = unfused_and_fused
-    model = copy.deepcopy(fused).to(dtype)
-    for name, parameter in model.named_parameters():
+    unfused, _ = unfused_and_fused
+    base = copy.deepcopy(unfused).to(dtype)
+    for name, parameter in base.named_parameters():
         if any(pattern in name for pattern in WanDiT.fp32_param_patterns):
             parameter.data = parameter.data.float()
-    with_kernel = copy.deepcopy(model)
-    with_kernel.use_norm_kernel()
-    assert all(block.norm_kernel for block in with_kernel.blocks)
+    model = optimize(copy.deepcopy(base), fuse=True, kernels=False)
+    for block in model.blocks:  # the q/k kernel in both: the block kernel is what differs
+        block.attn1.__class__ = KernelSelfAttention
+    with_kernel = optimize(copy.deepcopy(base), fuse=True, kernels=True)
+    assert isinstance(with_kernel.blocks, KernelBlocks)
     items = [_item(7, 2, 8, 8), _item(8, 1, 6, 10, text_len=5)]
     with torch.no_grad():
         want = model(items, build_attention("torch", "cpu", dtype))
@@ -138,4 +133,4 @@ def test_norm_kernel_needs_the_cross_attention_norm():
     config = tiny_wan22_config().dit
     model = WanDiT(dataclasses.replace(config, cross_attn_norm=False))
     with pytest.raises(ValueError, match="cross-attention norm"):
-        model.use_norm_kernel()
+        optimize(model, fuse=True, kernels=True)

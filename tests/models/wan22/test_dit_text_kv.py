@@ -7,22 +7,23 @@ import copy
 import pytest
 import torch
 
-from mstar.diffusion.denoise import COND, UNCOND
+from mstar.diffusion.denoise import COND, UNCOND, DenoiseNode
 from mstar.engine.attention import build_attention
+from mstar.engine.compile import compile_methods
 from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
 from mstar.models.wan22.config import tiny_wan22_config
-from mstar.models.wan22.denoise import TEXT_KV, WanDenoiseNode, WanDenoiser, WanHooks
 from mstar.models.wan22.dit import DiTInput, WanDiT
+from mstar.models.wan22.model import WanParams
+from mstar.models.wan22.optimize import optimize
+from mstar.models.wan22.pipeline import TEXT_KV, WanPipeline
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["unfused", "fused"])
 def dit(request):
     torch.manual_seed(0)
     model = WanDiT(tiny_wan22_config().dit).eval()
-    if request.param:
-        model.fuse_projections()
-    return model
+    return optimize(model, fuse=True, kernels=False) if request.param else model
 
 
 def _attention():
@@ -62,7 +63,7 @@ def test_text_kv_is_each_layers_normalised_keys_and_values(dit):
         assert text_kv.dtype == dit.dtype
         for index, block in enumerate(dit.blocks):
             attn = block.attn2
-            if attn.fused:
+            if hasattr(attn, "to_kv"):
                 key, value = attn.to_kv(context).chunk(2, dim=-1)
             else:
                 key, value = attn.to_k(context), attn.to_v(context)
@@ -104,12 +105,12 @@ def test_gradients_reach_the_text_projections_through_text_kv(dit):
     (out,) = model(_items()[2:3], TrainingAttention())
     out.square().mean().backward()
     attn = model.blocks[0].attn2
-    projection = attn.to_kv if attn.fused else attn.to_k
+    projection = getattr(attn, "to_kv", None) or attn.to_k
     assert projection.weight.grad is not None and projection.weight.grad.abs().sum() > 0
     assert model.condition_embedder.text_embedder.linear_1.weight.grad.abs().sum() > 0
 
 
-class _UncachedDenoiser(WanDenoiser):
+class _UncachedPipeline(WanPipeline):
     """The reference: the text goes to the DiT at every step (its keys/values computed each time)."""
 
     def predict(self, items):
@@ -128,14 +129,14 @@ def _requests() -> list[RequestState]:
     ]
     requests = []
     for index, params in enumerate(fields):
-        request = RequestState(f"r{index}", dict(params, num_inference_steps=4))
+        request = RequestState(f"r{index}", WanParams(prompt="p", fps=8, num_inference_steps=4, **params))
         request.tensors[PROMPT_EMBEDS] = torch.randn(5 + index, 16, generator=generator)
         request.tensors[NEGATIVE_PROMPT_EMBEDS] = torch.randn(3, 16, generator=generator)
         requests.append(request)
     return requests
 
 
-def _denoise(node: WanDenoiseNode, requests: list[RequestState]) -> list[dict]:
+def _denoise(node: DenoiseNode, requests: list[RequestState]) -> list[dict]:
     """Every request through the loop together; the condition dicts as they were mid-loop."""
     conditions = []
     while not all(node.check_stop(request) for request in requests):
@@ -146,7 +147,6 @@ def _denoise(node: WanDenoiseNode, requests: list[RequestState]) -> list[dict]:
 
 def test_denoiser_caches_text_kv_per_request_and_label(dit):
     config = tiny_wan22_config()
-    hooks = WanHooks(config, "cpu", torch.float32)
     calls = []
 
     def counting_text_kv(text):
@@ -154,8 +154,11 @@ def test_denoiser_caches_text_kv_per_request_and_label(dit):
         return WanDiT.text_kv(dit, text)
 
     reference = _requests()
-    _denoise(WanDenoiseNode(_UncachedDenoiser(dit, _attention()), hooks), reference)
-    cached_node = WanDenoiseNode(WanDenoiser(dit, _attention()), hooks)
+    _denoise(
+        DenoiseNode(_UncachedPipeline(config, "cpu", torch.float32, dit=dit, attention=_attention())),
+        reference,
+    )
+    cached_node = DenoiseNode(WanPipeline(config, "cpu", torch.float32, dit=dit, attention=_attention()))
     cached = _requests()
     dit.text_kv = counting_text_kv  # an instance attribute over the method: counts the calls
     try:
@@ -187,10 +190,9 @@ def test_compiled_layers_take_text_kv_in_one_graph_on_cuda():
 
     # head_dim 16: CUDA's varlen attention takes head sizes in multiples of 8 (the tiny config has 12)
     config = dataclasses.replace(tiny_wan22_config().dit, attention_head_dim=16)
-    eager = WanDiT(config).to(device, dtype).eval()
-    eager.fuse_projections()
+    eager = optimize(WanDiT(config).to(device, dtype).eval(), fuse=True, kernels=False)
     compiled = copy.deepcopy(eager)
-    compiled.compile_layers("deterministic")
+    parts = compile_methods(compiled, WanDiT.compiled_methods, "deterministic", "wan.dit", duck_shapes=False)
     attention = build_attention("torch", device, dtype)
     generator = torch.Generator().manual_seed(4)
     # Two items per call (one modulation row would specialise); text lengths avoid 24 (the width).
@@ -207,5 +209,5 @@ def test_compiled_layers_take_text_kv_in_one_graph_on_cuda():
         with torch.inference_mode():
             for got, want in zip(compiled(items, attention), eager(items, attention), strict=True):
                 assert float((got.float() - want.float()).norm() / want.float().norm()) < 2e-2
-        compiled.finish_warmup()  # after the first call: every later one must reuse its graph
-    assert compiled.num_recompiles == 0
+        parts.finish_warmup()  # after the first call: every later one must reuse its graph
+    assert parts.num_recompiles == 0

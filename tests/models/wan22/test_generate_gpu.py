@@ -37,15 +37,18 @@ def test_random_weights_text_to_video_on_gpu():
     requests = [
         RequestState(f"r{i}", spec.validate(GenerationParams(**f, seed=i))) for i, f in enumerate(fields)
     ]
-    dit = nodes["dit"].denoiser.dit
-    assert dit.projections_fused  # ServerConfig.fuse_projections: on for CUDA
+    dit = nodes["dit"].pipeline.dit
+    from mstar.models.wan22.optimize import FusedSelfAttention, KernelBlocks, KernelSelfAttention
+
+    assert isinstance(dit.blocks[0].attn1, FusedSelfAttention)  # ServerConfig.fuse_projections: on for CUDA
     # ServerConfig.triton_kernels: on where Triton is installed, so this runs the kernels eagerly
     kernels = triton_kernels_usable("cuda")
-    assert dit.blocks[0].norm_kernel == kernels and dit.blocks[0].attn1.qk_kernel == kernels
+    assert isinstance(dit.blocks, KernelBlocks) == kernels
+    assert isinstance(dit.blocks[0].attn1, KernelSelfAttention) == kernels
     _run_stage(nodes["text_encoder"], requests)
     for stage in spec.walks["t2v"].stages:
         _run_stage(nodes[stage.node if isinstance(stage, Loop) else stage], requests)
     for request in requests:
         p = request.params
         frames = request.tensors["frames"]
-        assert frames.dtype == torch.uint8 and frames.shape == (p["num_frames"], p["height"], p["width"], 3)
+        assert frames.dtype == torch.uint8 and frames.shape == (p.num_frames, p.height, p.width, 3)

@@ -17,10 +17,10 @@ def _validate(**fields):
 
 def test_defaults_are_the_shipped_settings():
     params = _validate(seed=3)
-    assert (params["width"], params["height"], params["num_frames"]) == (1280, 704, 121)
-    assert (params["fps"], params["num_inference_steps"], params["guidance_scale"]) == (24, 50, 5.0)
-    assert params["negative_prompt"] == "" and params["seed"] == 3 and not params["image_to_video"]
-    assert isinstance(_validate()["seed"], int)
+    assert (params.width, params.height, params.num_frames) == (1280, 704, 121)
+    assert (params.fps, params.num_inference_steps, params.guidance_scale) == (24, 50, 5.0)
+    assert params.negative_prompt == "" and params.seed == 3 and not params.image_to_video
+    assert isinstance(_validate().seed, int)
     assert get_model_spec("wan2.2-ti2v-5b").name == "wan2.2-ti2v-5b"
     limits = Wan22Spec().limits()
     assert limits["width"]["multiple_of"] == 32 and limits["num_frames"]["form"] == "4k+1"
@@ -56,10 +56,10 @@ def test_bad_fields_are_named(fields, param):
 
 
 def test_seconds_become_4k_plus_1_frames():
-    assert _validate(seconds=5.0)["num_frames"] == 121
-    assert _validate(seconds=2.0, fps=16)["num_frames"] == 33
-    assert _validate(seconds=0.01)["num_frames"] == 1
-    assert _validate(seconds=1.1, fps=24)["num_frames"] == 25  # 26.4 frames -> nearest 4k+1
+    assert _validate(seconds=5.0).num_frames == 121
+    assert _validate(seconds=2.0, fps=16).num_frames == 33
+    assert _validate(seconds=0.01).num_frames == 1
+    assert _validate(seconds=1.1, fps=24).num_frames == 25  # 26.4 frames -> nearest 4k+1
 
 
 def test_walks_follow_the_input():

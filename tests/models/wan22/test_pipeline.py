@@ -89,7 +89,7 @@ def _generate(spec, nodes, requests: list[RequestState]) -> list[np.ndarray]:
     frames = [r.tensors["frames"] for r in requests]
     for frame, request in zip(frames, requests, strict=True):
         p = request.params
-        assert frame.dtype == torch.uint8 and frame.shape == (p["num_frames"], p["height"], p["width"], 3)
+        assert frame.dtype == torch.uint8 and frame.shape == (p.num_frames, p.height, p.width, 3)
     return [f.numpy() for f in frames]
 
 

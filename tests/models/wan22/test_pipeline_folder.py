@@ -44,7 +44,7 @@ def test_the_pipeline_loads_a_t5_tokenizer_and_pads_to_max_length(folder):
     assert (
         ids[num_tokens - 1] == tokenizer.eos_token_id and (ids[num_tokens:] == tokenizer.pad_token_id).all()
     )
-    ours = folder.nodes["text_encoder"].encoder.tokenize("a tiny red fox runs")[0]
+    ours = folder.nodes["text_encoder"].pipeline.text_encoder.tokenize("a tiny red fox runs")[0]
     assert ours.tolist() == ids[:num_tokens].tolist()  # the pipeline's ids without its padding
 
 
@@ -64,8 +64,9 @@ def test_in_bf16_our_prompt_embeddings_are_the_pipelines_bytes(folder):
     from diffusers import WanPipeline
     from transformers import UMT5EncoderModel
 
-    from mstar.bench.parity_families import wan_prompt_embeds
-    from mstar.models.wan22.text_encoder import PromptEncoder, build_umt5
+    from mstar.models.wan22.parity import wan_prompt_embeds
+    from mstar.models.wan22.text_encoder import UMT5PromptEncoder as PromptEncoder
+    from mstar.models.wan22.text_encoder import build_umt5
 
     max_length = folder.family.spec.config.max_text_tokens
     reference = folder.reference

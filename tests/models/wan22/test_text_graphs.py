@@ -11,19 +11,19 @@ from mstar.engine.cuda_graphs import GraphedByLength
 from mstar.engine.transfer import to_device
 from mstar.models.text_fallback import fallback_tokenizer
 from mstar.models.wan22.config import tiny_wan22_config
-from mstar.models.wan22.text_encoder import PromptEncoder, build_umt5
+from mstar.models.wan22.text_encoder import UMT5PromptEncoder, build_umt5
 
 PROMPTS = ["a fox", "a lighthouse on a rocky coast during a storm, waves crashing " * 3, ""]
 
 
-def _encoder(device: str = "cpu", dtype=torch.float32, cuda_graphs: bool = False) -> PromptEncoder:
+def _encoder(device: str = "cpu", dtype=torch.float32, cuda_graphs: bool = False) -> UMT5PromptEncoder:
     config = tiny_wan22_config()
     tokenizer = fallback_tokenizer(vocab_size=config.text_encoder["vocab_size"])
     model = build_umt5(config.text_encoder, device, dtype, seed=3)
-    return PromptEncoder(model, tokenizer, device, config.max_text_tokens, cuda_graphs=cuda_graphs)
+    return UMT5PromptEncoder(model, tokenizer, device, config.max_text_tokens, cuda_graphs=cuda_graphs)
 
 
-def _embeds(encoder: PromptEncoder, prompt: str) -> torch.Tensor:
+def _embeds(encoder: UMT5PromptEncoder, prompt: str) -> torch.Tensor:
     ids = encoder.tokenizer(
         [prompt], max_length=encoder.max_text_tokens, truncation=True, return_tensors="pt"
     )

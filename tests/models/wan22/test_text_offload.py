@@ -9,21 +9,21 @@ import torch
 from mstar.config import ServerConfig
 from mstar.models.text_fallback import fallback_tokenizer
 from mstar.models.wan22.config import tiny_wan22_config
-from mstar.models.wan22.text_encoder import PromptEncoder, build_umt5
+from mstar.models.wan22.text_encoder import UMT5PromptEncoder, build_umt5
 from mstar.runtime.runtime import Runtime
 from tests.serving.tiny_specs import TINY_ZIMAGE_PATH, TinyZImageSpec
 
 PROMPTS = ["a fox", "a lighthouse on a rocky coast during a storm, waves crashing", ""]
 
 
-def encoders(device: str, dtype: torch.dtype) -> tuple[PromptEncoder, PromptEncoder]:
+def encoders(device: str, dtype: torch.dtype) -> tuple[UMT5PromptEncoder, UMT5PromptEncoder]:
     """(resident, offloaded) encoders over the same seeded weights."""
     config = tiny_wan22_config()
     tokenizer = fallback_tokenizer(vocab_size=config.text_encoder["vocab_size"])
     pair = []
     for offload in (False, True):
         model = build_umt5(config.text_encoder, device, dtype, seed=3)
-        pair.append(PromptEncoder(model, tokenizer, device, config.max_text_tokens, offload=offload))
+        pair.append(UMT5PromptEncoder(model, tokenizer, device, config.max_text_tokens, offload=offload))
     return pair[0], pair[1]
 
 

@@ -9,7 +9,7 @@ import threading
 import torch
 
 from mstar.diffusion.vae_decode import VaeDecodeRunner
-from mstar.engine.background_compile import COMPILED, PENDING, BackgroundCompiler, off_serving_path
+from mstar.engine.checked_compile import COMPILED, PENDING, BackgroundCompiler, off_serving_path
 from tests.models.wan22.test_vae_compile import decoder_bf16  # noqa: F401 (fixture)
 
 HANG_GUARD_S = 120.0

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import mstar.engine.compile as engine_compile
-from mstar.diffusion.vae_decode import VaeDecodeRunner, convert_to_channels_last, uint8_psnr_db
-from mstar.engine.background_compile import COMPILED, EAGER
+from mstar.diffusion.vae_decode import VaeDecodeRunner, convert_to_channels_last
+from mstar.engine.checked_compile import COMPILED, EAGER, uint8_psnr_db
 from mstar.models.wan22.vae import WanVAEDecoder
 from mstar.models.wan22.vae_blocks import AttentionBlock, ResidualBlock, pin_frame_layout
 from mstar.models.wan22.vae_coders import ResidualUpBlock
@@ -158,7 +158,8 @@ def test_two_graphs_serve_every_clip_length(decoder_bf16):
 
 
 def test_verify_fast_path_falls_back_from_a_miscompile(decoder_bf16, clip_latents, caplog):
-    """A compiled step that computes garbage (as torch 2.11 did) is caught and replaced by eager."""
+    """A compiled step that computes garbage (as torch 2.11 did) is caught: clips of that shape
+    decode on the eager step from then on (mstar.engine.checked_compile)."""
 
     def miscompiling_backend(graph_module, example_inputs):
         def run(*args):
@@ -173,12 +174,13 @@ def test_verify_fast_path_falls_back_from_a_miscompile(decoder_bf16, clip_latent
     latents = clip_latents[:, :, :2]
     assert good.verify_fast_path(latents) >= 40.0
     assert good.checked.state(good.shape_key(latents)) == COMPILED
-    with caplog.at_level("ERROR", logger="mstar.engine.background_compile"):
+    with caplog.at_level("ERROR", logger="mstar.engine.checked_compile"):
         assert runner.verify_fast_path(latents) < 40.0
     assert "disagrees with eager" in caplog.text
     assert runner.checked.state(runner.shape_key(latents)) == EAGER
     eager_step = runner.decode_fast_uint8(latents, runner._step_uint8)
     assert torch.equal(runner.decode_uint8(latents), eager_step)  # served on the eager step
+    assert torch.equal(torch.cat(list(runner.iter_host_uint8(latents))), eager_step)  # in pieces too
     assert uint8_psnr_db(eager_step, runner.decode_plain_uint8(latents)) >= 40.0
 
 

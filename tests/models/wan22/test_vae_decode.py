@@ -146,10 +146,13 @@ def test_host_pieces_are_the_clip_chunk_by_chunk(decoder, latents):
 
 
 def test_the_node_sends_a_clip_in_pieces_where_the_runtime_takes_them(decoder, latents):
+    from mstar.diffusion.vae_nodes import FRAMES, LATENTS, DecodeNode
     from mstar.graph import RequestState
-    from mstar.models.wan22.nodes import FRAMES, LATENTS, WanVAEDecodeNode
+    from mstar.models.wan22.config import tiny_wan22_config
+    from mstar.models.wan22.pipeline import WanPipeline
 
-    node = WanVAEDecodeNode(VaeDecodeRunner(copy.deepcopy(decoder)), TINY_WAN22)
+    runner = VaeDecodeRunner(copy.deepcopy(decoder))
+    node = DecodeNode(WanPipeline(tiny_wan22_config(), "cpu", torch.float32, decoder=runner))
     whole = RequestState("whole", {}, tensors={LATENTS: latents[0].clone()})
     streamed = RequestState("streamed", {}, tensors={LATENTS: latents[0].clone()})
     sent = []

@@ -2,7 +2,10 @@
 
 import torch
 
-from mstar.models.wan22.nodes import WanVAEDecodeNode
+from mstar.config import CompileSize
+from mstar.diffusion.vae_nodes import DecodeNode
+from mstar.models.wan22.config import tiny_wan22_config
+from mstar.models.wan22.pipeline import WanPipeline
 
 
 class RecordingRunner:
@@ -17,7 +20,7 @@ class RecordingRunner:
         self.decoded.append(latents)
 
     def verify_fast_path(self, latents):
-        self.verified.append(tuple(latents.shape))
+        self.verified.append(latents)
         return 99.0
 
     def finish_warmup(self):
@@ -26,9 +29,13 @@ class RecordingRunner:
 
 def test_warmup_verifies_clip_shapes_on_random_latents():
     runner = RecordingRunner()
-    node = WanVAEDecodeNode(runner, config=None, warmup_shapes=[(4, 3, 2, 2), (4, 1, 2, 2)])
+    sizes = [CompileSize(width=32, height=32, num_frames=9), CompileSize(width=32, height=32, num_frames=1)]
+    node = DecodeNode(
+        WanPipeline(tiny_wan22_config(), "cpu", torch.float32, decoder=runner), warmup_sizes=sizes
+    )
     node.warmup()
-    assert runner.verified == [(1, 4, 3, 2, 2)]  # compiled and checked inline, before serving
-    assert [tuple(latents.shape) for latents in runner.decoded] == [(1, 4, 1, 2, 2)]  # images: plain
-    assert all(latents.abs().sum() > 0 for latents in runner.decoded)
+    # clips compiled and checked inline, before serving; images take the plain path
+    assert [tuple(latents.shape) for latents in runner.verified] == [(1, 16, 3, 4, 4)]
+    assert [tuple(latents.shape) for latents in runner.decoded] == [(1, 16, 1, 4, 4)]
+    assert all(latents.abs().sum() > 0 for latents in runner.verified + runner.decoded)
     assert runner.finished

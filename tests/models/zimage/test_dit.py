@@ -6,6 +6,7 @@ import torch
 from mstar.engine.attention import build_attention
 from mstar.models.zimage.config import TINY
 from mstar.models.zimage.dit import SEQ_MULTI_OF, DiTInput, ZImageDiT
+from mstar.models.zimage.optimize import optimize
 from mstar.models.zimage.weights import build_dit
 
 
@@ -18,7 +19,7 @@ def models(tiny_folder, request):
     folder, pipe = tiny_folder
     ours = build_dit(TINY.dit, "cpu", torch.float32, model_path=str(folder))  # loads diffusers' keys
     if request.param:
-        ours.fuse_projections()
+        ours = optimize(ours, fuse=True, kernels=False)
     return ours, pipe.transformer
 
 
@@ -95,16 +96,6 @@ def test_inner_pad_tokens_are_attended_as_in_diffusers(models):
     assert relative_error(after, expected) <= 1e-5
 
 
-def test_accepts_benchmark_dict_items(models):
-    ours, _ = models
-    (item,) = make_items([(8, 8, 4)], seed=3)
-    as_dict = {"latents": item.latents.unsqueeze(1), "timestep": item.timestep, "text": item.caption}
-    (from_dict,) = our_outputs(ours, [as_dict])
-    (from_item,) = our_outputs(ours, [item])
-    assert from_dict.shape == (16, 1, 8, 8)  # the diffusers layout comes back as it went in
-    assert torch.equal(from_dict.squeeze(1), from_item)
-
-
 def test_refined_captions_kept_from_an_earlier_step_give_the_same_output(models):
     ours, _ = models
     items = make_items([(12, 10, 7), (8, 8, 40)])
@@ -122,10 +113,11 @@ def test_refined_captions_kept_from_an_earlier_step_give_the_same_output(models)
 
 def test_denoiser_refines_each_label_once_per_request(models):
     from mstar.diffusion.denoise import COND, UNCOND, DenoiseItem
-    from mstar.models.zimage.denoise import ZImageDenoiser
+    from mstar.models.zimage.config import TINY
+    from mstar.models.zimage.pipeline import ZImagePipeline
 
     ours, _ = models
-    denoiser = ZImageDenoiser(ours, build_attention("torch", "cpu", torch.float32), "cpu")
+    denoiser = ZImagePipeline(TINY, "cpu", dit=ours, attention=build_attention("torch", "cpu", torch.float32))
     calls = []
     original = ours.refine_caption
 
@@ -179,7 +171,9 @@ def test_real_size_bf16_matches_diffusers_at_1024():
         )[0]
         attn = build_attention("auto", device, torch.bfloat16)
         got = ours([item], attn)
-        ours.fuse_projections()  # the reference keeps the separate tensors (assign=True shared them)
+        ours = optimize(
+            ours, fuse=True, kernels=False
+        )  # the reference keeps the separate tensors (assign=True shared them)
         got_fused = ours([item], attn)
     assert relative_error(got[0], expected[0].squeeze(1)) <= 2e-2
     assert relative_error(got_fused[0], expected[0].squeeze(1)) <= 2e-2

@@ -7,9 +7,17 @@ import torch._dynamo
 
 from mstar.diffusion.packing import pad_rows
 from mstar.engine.attention import build_attention
+from mstar.engine.compile import compile_methods
 from mstar.models.zimage.config import TINY
-from mstar.models.zimage.dit import DiTInput
+from mstar.models.zimage.dit import DiTInput, ZImageDiT
 from mstar.models.zimage.weights import build_dit
+
+# as build_dit_node compiles them, with inductor replaced by aot_eager (no C++ build on the CPU)
+SERVED_OPTIONS = {
+    "persistent_rows": True,
+    "duck_shapes": False,
+    "backend": torch._dynamo.lookup_backend("aot_eager"),
+}
 
 
 def _items(sizes):
@@ -30,9 +38,11 @@ def test_each_stack_compiles_once_for_every_item_count_and_matches_eager():
     attention = build_attention("torch", "cpu", torch.float32)
     with torch.inference_mode():
         eager = [dit(_items(sizes), attention) for sizes in BATCHES]
-        dit.compile_layers("deterministic", backend=torch._dynamo.lookup_backend("aot_eager"))
+        parts = compile_methods(
+            dit, ZImageDiT.compiled_methods, "deterministic", "zimage.dit", **SERVED_OPTIONS
+        )
         compiled = [dit(_items(sizes), attention) for sizes in BATCHES]
-    assert [part.num_compiles for part in dit._compiled_parts()] == [1, 1]
+    assert [part.num_compiles for part in parts.parts] == [1, 1]
     for want, got in zip(eager, compiled, strict=True):
         for a, b in zip(want, got, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
@@ -46,6 +56,8 @@ def test_pad_rows_appends_zero_rows_up_to_the_minimum_only():
 
 
 def test_a_size_after_warmup_compiles_nothing_and_per_item_parts_run_eagerly(monkeypatch):
+    """The serving picture: warm one size, finish warmup, then sizes nobody listed. Patchify,
+    rotary tables and unpatchify run per item outside the compiled stacks."""
     dit = build_dit(TINY.dit, "cpu", torch.float32)
     attention = build_attention("torch", "cpu", torch.float32)
     compiling_seen = []
@@ -57,11 +69,13 @@ def test_a_size_after_warmup_compiles_nothing_and_per_item_parts_run_eagerly(mon
             lambda *args, _f=original: compiling_seen.append(torch.compiler.is_compiling()) or _f(*args),
         )
     with torch.inference_mode():
-        dit.compile_layers("deterministic", backend=torch._dynamo.lookup_backend("aot_eager"))
+        parts = compile_methods(
+            dit, ZImageDiT.compiled_methods, "deterministic", "zimage.dit", **SERVED_OPTIONS
+        )
         dit(_items([(12, 10, 7)]), attention)
         dit(_items([(12, 10, 7)] * 2), attention)
-        dit.finish_warmup()
+        parts.finish_warmup()
         for sizes in ([(16, 12, 30)], [(8, 8, 20), (20, 16, 5)], [(10, 14, 9)]):
             dit(_items(sizes), attention)
-    assert dit.num_recompiles == 0 and [part.num_compiles for part in dit._compiled_parts()] == [1, 1]
+    assert parts.num_recompiles == 0 and [part.num_compiles for part in parts.parts] == [1, 1]
     assert compiling_seen and not any(compiling_seen)

@@ -1,5 +1,6 @@
-"""Fused projections of the Z-Image DiT: same output as unfused, no separate weights left, and the
-fused layer stack traces as one dynamic graph (aot_eager, CPU)."""
+"""optimize(): the Z-Image DiT's fused projections give the eager output, leave no separate weights
+and trace as one dynamic graph each (aot_eager, CPU); its kernel modules give the fused output
+exactly (on the CPU the ops are their PyTorch definitions)."""
 
 import copy
 
@@ -10,6 +11,12 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from mstar.engine.attention import build_attention
 from mstar.models.zimage.config import TINY
 from mstar.models.zimage.dit import DiTInput
+from mstar.models.zimage.optimize import (
+    FusedSelfAttention,
+    KernelModulatedBlocks,
+    KernelSelfAttention,
+    optimize,
+)
 from mstar.models.zimage.weights import build_dit
 
 MAX_FUSED_RELATIVE_ERROR = 1e-6
@@ -42,8 +49,7 @@ def unfused_and_fused():
         for name, parameter in unfused.named_parameters():
             if name.endswith(("norm_q.weight", "norm_k.weight")):
                 parameter.copy_(1 + 0.5 * torch.randn(parameter.shape, generator=generator))
-    fused = copy.deepcopy(unfused)
-    fused.fuse_projections()
+    fused = optimize(copy.deepcopy(unfused), fuse=True, kernels=False)
     return unfused, fused
 
 
@@ -58,23 +64,21 @@ def test_fused_equals_unfused_and_drops_separate_projections(unfused_and_fused):
         assert f"{prefix}.attention.to_qkv.weight" in names
         assert f"{prefix}.feed_forward.w13.weight" in names
     assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in unfused.parameters())
-    assert fused.projections_fused and not unfused.projections_fused
+    blocks = [*fused.noise_refiner, *fused.context_refiner, *fused.layers]
+    assert all(type(block.attention) is FusedSelfAttention for block in blocks)
 
 
 @pytest.mark.parametrize("qk_kernel", [False, True])
 def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused, qk_kernel):
     """The main stack and the noise refiner (both compiled in serving) trace as one graph each."""
-    _, eager = unfused_and_fused
-    model = copy.deepcopy(eager)
+    unfused, eager = unfused_and_fused
     if qk_kernel:  # triton_ops: compile traces into them (on the CPU, their PyTorch definitions)
-        eager = copy.deepcopy(eager)
-        for dit in (eager, model):
-            dit.use_qk_kernel()
-            dit.use_norm_kernel()
+        eager = optimize(copy.deepcopy(unfused), fuse=True, kernels=True)
+    model = copy.deepcopy(eager)
     counters = [CompileCounterWithBackend("aot_eager") for _ in range(2)]
-    model._run_layers = torch.compile(model._layer_stack, backend=counters[0], fullgraph=True, dynamic=True)
-    model._run_noise_refiner = torch.compile(
-        model._noise_refiner_stack, backend=counters[1], fullgraph=True, dynamic=True
+    model.run_layers = torch.compile(model.run_layers, backend=counters[0], fullgraph=True, dynamic=True)
+    model.run_noise_refiner = torch.compile(
+        model.run_noise_refiner, backend=counters[1], fullgraph=True, dynamic=True
     )
     # Two items each time: one item broadcasts its modulation row (a second graph by design).
     for sizes in ([(8, 8, 4), (6, 10, 9)], [(12, 8, 40), (8, 16, 3)]):
@@ -89,7 +93,8 @@ def test_fused_layer_stack_compiles_once_without_graph_breaks(unfused_and_fused,
 def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fused):
     """Exactly: the same fp32 arithmetic per element, only the features' places differ."""
     from mstar.models.rotary import halves_order
-    from mstar.models.zimage.dit_layers import apply_rotary, apply_rotary_halves
+    from mstar.models.zimage.dit_layers import apply_rotary
+    from mstar.models.zimage.optimize import apply_rotary_halves
 
     num_heads, head_dim = 3, 8
     order = halves_order(num_heads, head_dim)
@@ -99,9 +104,6 @@ def test_rotary_on_halves_is_the_interleaved_rotation_reordered(unfused_and_fuse
     halves = apply_rotary_halves(x[:, order].unflatten(-1, (num_heads, head_dim)), angles.cos(), angles.sin())
     assert torch.equal(halves.flatten(-2), interleaved.flatten(-2)[:, order])
     unfused, fused = unfused_and_fused
-    blocks = [*fused.noise_refiner, *fused.context_refiner, *fused.layers]
-    assert all(block.attention.rotary_halves for block in blocks)
-    assert not any(block.attention.rotary_halves for block in unfused.layers)
     # The per-head q norm's weight moved with its features.
     norm_weight = unfused.layers[0].attention.norm_q.weight
     head_order = halves_order(1, norm_weight.numel())
@@ -112,29 +114,33 @@ def test_qk_kernel_op_gives_the_fused_output_and_needs_fused_projections(unfused
     """On the CPU the op runs its PyTorch definition, so the output is the fused model's exactly."""
     unfused, fused = unfused_and_fused
     with_kernel = copy.deepcopy(fused)
-    with_kernel.use_qk_kernel()
     blocks = [*with_kernel.noise_refiner, *with_kernel.context_refiner, *with_kernel.layers]
-    assert all(block.attention.qk_kernel for block in blocks)
+    for block in blocks:  # the q/k kernel alone, without the block kernels
+        block.attention.__class__ = KernelSelfAttention
     items = _items([(8, 12, 40), (16, 8, 5)], seed=1)
     for want, got in zip(_run(fused, items), _run(with_kernel, items), strict=True):
         assert torch.equal(got, want)
     with pytest.raises(ValueError, match="fused projections"):
-        copy.deepcopy(unfused).use_qk_kernel()
+        optimize(copy.deepcopy(unfused), fuse=False, kernels=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_kernel_op_gives_the_blocks_output(unfused_and_fused, dtype):
     """On the CPU the op runs its PyTorch definition: the same output as the blocks' own code, in
     bf16 too (the same roundings in the same order); the next block's input is handed over."""
-    _, fused = unfused_and_fused
-    plain = copy.deepcopy(fused).to(dtype)
-    with_kernel = copy.deepcopy(plain)
-    with_kernel.use_norm_kernel()
-    assert all(block.norm_kernel for block in [*with_kernel.noise_refiner, *with_kernel.layers])
-    assert not any(block.norm_kernel for block in with_kernel.context_refiner)
+    unfused, _ = unfused_and_fused
+    plain = optimize(copy.deepcopy(unfused).to(dtype), fuse=True, kernels=False)
+    for block in [*plain.noise_refiner, *plain.context_refiner, *plain.layers]:
+        block.attention.__class__ = KernelSelfAttention  # in both: the block kernels are what differs
+    with_kernel = optimize(copy.deepcopy(unfused).to(dtype), fuse=True, kernels=True)
+    assert isinstance(with_kernel.layers, KernelModulatedBlocks) and isinstance(
+        with_kernel.noise_refiner, KernelModulatedBlocks
+    )
     items = _items([(8, 12, 40), (16, 8, 5)], seed=2)
     items = [DiTInput(i.latents.to(dtype), i.timestep, i.caption.to(dtype)) for i in items]
     for want, got in zip(_run(plain, items), _run(with_kernel, items), strict=True):
         assert torch.equal(got, want)
-    with pytest.raises(ValueError, match="modulated block"):
-        copy.deepcopy(fused.context_refiner[0]).use_norm_kernel()
+    mixed_eps = copy.deepcopy(unfused)
+    mixed_eps.layers[0].ffn_norm2.eps = 1e-3
+    with pytest.raises(ValueError, match="share one eps"):
+        optimize(mixed_eps, fuse=True, kernels=True)

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from mstar.config import ServerConfig
+from mstar.config import CompileSize, ServerConfig
 from mstar.graph import BuildContext, RequestState
 from mstar.models.zimage.config import TINY
-from mstar.models.zimage.model import ZImageSpec
+from mstar.models.zimage.model import ZImageParams, ZImageSpec
 
 
 def psnr_db(ours: np.ndarray, reference: np.ndarray) -> float:
@@ -43,18 +43,18 @@ def generate(nodes, requests: list[RequestState]) -> list[torch.Tensor]:
 
 def request(request_id: str, **params) -> RequestState:
     base = {"prompt": "a red cube", "negative_prompt": "", "width": 48, "height": 40}
-    return RequestState(request_id, {**base, **params})
+    return RequestState(request_id, ZImageParams(**{**base, **params}))
 
 
 def pipeline_image(pipe, params: dict, output_type: str = "pil"):
     images = pipe(
-        params["prompt"],
-        negative_prompt=params["negative_prompt"] or None,
-        height=params["height"],
-        width=params["width"],
-        num_inference_steps=params["num_inference_steps"],
-        guidance_scale=params["guidance_scale"],
-        generator=torch.Generator("cpu").manual_seed(params["seed"]),
+        params.prompt,
+        negative_prompt=params.negative_prompt or None,
+        height=params.height,
+        width=params.width,
+        num_inference_steps=params.num_inference_steps,
+        guidance_scale=params.guidance_scale,
+        generator=torch.Generator("cpu").manual_seed(params.seed),
         output_type=output_type,
     ).images
     return images[0] if output_type == "latent" else np.asarray(images[0])
@@ -124,7 +124,7 @@ def test_build_needs_weights_or_random_weights():
 
 def test_warmup_runs_single_and_paired_steps(nodes):
     dit = nodes["dit"]
-    dit.warmup_sizes = [(48, 32)]
+    dit.warmup_sizes = [CompileSize(width=48, height=32)]
     try:
         dit.warmup()
     finally:

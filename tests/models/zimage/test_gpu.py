@@ -47,11 +47,16 @@ def test_real_size_random_weights_generate_packed_requests():
     from mstar.engine.kernels import triton_kernels_usable
 
     spec, nodes = real_nodes("off", warmup=False)
-    dit = nodes["dit"].denoiser.dit
-    assert dit.projections_fused  # ServerConfig.fuse_projections: on for CUDA
+    dit = nodes["dit"].pipeline.dit
+    from mstar.models.zimage.optimize import FusedSelfAttention, KernelModulatedBlocks, KernelSelfAttention
+
+    assert isinstance(
+        dit.layers[0].attention, FusedSelfAttention
+    )  # ServerConfig.fuse_projections: on for CUDA
     # ServerConfig.triton_kernels: on where Triton is installed, so this runs the kernels eagerly
     kernels = triton_kernels_usable("cuda")
-    assert dit.layers[0].norm_kernel == kernels and dit.layers[0].attention.qk_kernel == kernels
+    assert isinstance(dit.layers, KernelModulatedBlocks) == kernels
+    assert isinstance(dit.layers[0].attention, KernelSelfAttention) == kernels
     plain = make_request(
         spec, "a", prompt="a lighthouse at dusk", width=512, height=512, num_inference_steps=2, seed=1
     )

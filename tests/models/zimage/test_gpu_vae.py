@@ -7,11 +7,14 @@ import pytest
 import torch
 
 from mstar.bench.step import time_forward
+from mstar.config import CompileSize
 from mstar.diffusion.noise import seeded_noise
+from mstar.diffusion.vae_nodes import FRAMES, LATENTS, DecodeNode
+from mstar.engine.checked_compile import COMPILED, PENDING
 from mstar.graph import RequestState
 from mstar.models.zimage.config import REAL
-from mstar.models.zimage.denoise import LATENTS
-from mstar.models.zimage.nodes import FRAMES, VAEDecodeNode
+from mstar.models.zimage.nodes import checked_decode
+from mstar.models.zimage.pipeline import ZImagePipeline
 from mstar.models.zimage.weights import build_vae_decoder
 
 pytestmark = pytest.mark.gpu
@@ -20,17 +23,18 @@ pytestmark = pytest.mark.gpu
 def test_warmup_compiles_1024_decode_that_matches_eager_and_is_faster():
     torch._dynamo.reset()
     vae = build_vae_decoder(REAL.vae, "cuda", torch.bfloat16)
-    node = VAEDecodeNode(vae, "deterministic", warmup_sizes=[(1024, 1024)])
+    decode = checked_decode(vae, "deterministic")
+    pipeline = ZImagePipeline(REAL, "cuda", vae=vae, decoder=decode)
+    node = DecodeNode(pipeline, warmup_sizes=[CompileSize(width=1024, height=1024)])
     start = time.perf_counter()
     node.warmup()
     warmup_s = time.perf_counter() - start
-    decode = node.decode
-    psnr_db = decode.psnr_db_by_size[(128, 128)]
-    assert not decode.eager_sizes and decode.compiled.num_compiles == 1
+    psnr_db = decode.checked.psnr_db[(128, 128)]
+    assert decode.checked.state((128, 128)) == COMPILED and decode.parts[0].num_compiles == 1
     assert psnr_db >= 40.0
 
     latents = seeded_noise((REAL.vae.latent_channels, 128, 128), seed=7, device="cuda")
-    request = RequestState("r", {})
+    request = RequestState("r", None)
     request.tensors[LATENTS] = latents.clone()
     node.forward([request])
     frames = request.tensors[FRAMES]
@@ -51,16 +55,16 @@ def test_a_size_not_warmed_is_served_at_once_and_compiled_on_the_compile_thread(
     the size is swapped in once checked."""
     torch._dynamo.reset()
     vae = build_vae_decoder(REAL.vae, "cuda", torch.bfloat16)
-    node = VAEDecodeNode(vae, "deterministic", warmup_sizes=[(1024, 1024)])
+    decode = checked_decode(vae, "deterministic")
+    pipeline = ZImagePipeline(REAL, "cuda", vae=vae, decoder=decode)
+    node = DecodeNode(pipeline, warmup_sizes=[CompileSize(width=1024, height=1024)])
     node.warmup()
-    node.decode.finish_warmup()
     latents = seeded_noise((REAL.vae.latent_channels, 168, 96), seed=3, device="cuda")  # 768x1344
-    request = RequestState("r", {})
+    request = RequestState("r", None)
     request.tensors[LATENTS] = latents.clone()
     node.forward([request])
     assert request.tensors[FRAMES].shape == (1, 1344, 768, 3)
-    assert node.decode.checked.state((168, 96)) == "pending"  # served before its compile finished
-    assert node.decode.checked.compiler.wait_idle(600)
-    assert node.decode.checked.state((168, 96)) == "compiled"
-    assert node.decode.psnr_db_by_size[(168, 96)] >= 40.0
-    assert node.num_recompiles() == 0 and node.decode.compiled.num_background_compiles == 1
+    assert decode.checked.state((168, 96)) == PENDING  # served before its compile finished
+    assert decode.checked.compiler.wait_idle(600)
+    assert decode.checked.state((168, 96)) == COMPILED and decode.checked.psnr_db[(168, 96)] >= 40.0
+    assert node.num_recompiles() == 0 and decode.num_background_compiles == 1

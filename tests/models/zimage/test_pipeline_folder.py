@@ -33,7 +33,7 @@ def test_the_pipeline_loads_a_qwen_tokenizer_with_the_chat_template(folder):
         enable_thinking=True,
     )  # fmt: skip
     assert text == "<|im_start|>user\na red cube<|im_end|>\n<|im_start|>assistant\n"
-    ours = folder.nodes["text_encoder"].encoder.tokenize("a red cube")[0]
+    ours = folder.nodes["text_encoder"].pipeline.text_encoder.tokenize("a red cube")[0]
     assert ours.tolist() == tokenizer([text])["input_ids"][0]
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from mstar.config import NodeGroup, ServerConfig
 from mstar.graph import BuildContext, RequestState
+from mstar.models.zimage.model import ZImageParams
 from mstar.runtime.runtime import Runtime
 from tests.models.zimage.test_generation import generate
 from tests.models.zimage.tiny_parts import TINY_SPEC_PATH, TinyZImageSpec
@@ -32,7 +33,7 @@ def test_two_workers_generate_what_the_nodes_generate(loop, tiny_folder):
     )
     # Below the served minimum size (validate would refuse it): the tiny VAE upsamples only 2x.
     params = {"prompt": "a green hill", "negative_prompt": "", "width": 64, "height": 48}
-    params |= {"num_inference_steps": 3, "guidance_scale": 0.0, "seed": 5}
+    params = ZImageParams(**params, num_inference_steps=3, guidance_scale=0.0, seed=5)
     runtime = Runtime(config, spec)
     run(loop, runtime.start())
     try:
@@ -43,6 +44,6 @@ def test_two_workers_generate_what_the_nodes_generate(loop, tiny_folder):
     assert frames.dtype == np.uint8 and frames.shape == (1, 48, 64, 3)
 
     ctx = BuildContext(config=config, device="cpu", node_names=spec.node_names, model_path=str(folder))
-    direct = RequestState("direct", dict(params))
+    direct = RequestState("direct", params)
     generate(spec.build_nodes(ctx), [direct])
     assert np.array_equal(frames, direct.tensors["frames"].numpy())

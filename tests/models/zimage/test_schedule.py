@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mstar.models.zimage.config import SchedulerConfig
-from mstar.models.zimage.denoise import image_shift_mu, make_sampler, model_timestep
+from mstar.models.zimage.pipeline import image_shift_mu, make_sampler, model_timestep
 
 
 def pipeline_schedule(config: SchedulerConfig, num_steps: int, latent_height: int, latent_width: int):

@@ -8,7 +8,7 @@ import pytest
 from mstar.errors import InvalidParam
 from mstar.graph import GenerationParams, Loop
 from mstar.models.registry import get_model_spec
-from mstar.models.zimage.model import ZImageSpec
+from mstar.models.zimage.model import ZImageParams, ZImageSpec
 
 
 def test_registry_name_resolves_to_spec():
@@ -30,20 +30,15 @@ def test_walk_order_and_nodes():
 
 def test_defaults_follow_the_turbo_recipe():
     params = ZImageSpec().validate(GenerationParams(prompt="a lighthouse", seed=7))
-    assert params == {
-        "prompt": "a lighthouse",
-        "negative_prompt": "",
-        "width": 1024,
-        "height": 1024,
-        "num_inference_steps": 9,
-        "guidance_scale": 0.0,
-        "seed": 7,
-    }
+    assert params == ZImageParams(
+        prompt="a lighthouse", negative_prompt="", width=1024, height=1024,
+        num_inference_steps=9, guidance_scale=0.0, seed=7,
+    )  # fmt: skip
 
 
 def test_missing_seed_gets_a_fresh_one():
     params = ZImageSpec().validate(GenerationParams(prompt="x"))
-    assert isinstance(params["seed"], int) and 0 <= params["seed"] < 2**32
+    assert isinstance(params.seed, int) and 0 <= params.seed < 2**32
 
 
 @pytest.mark.parametrize(
@@ -80,9 +75,9 @@ def test_limits_agree_with_validation():
     limits = spec.limits()
     params = spec.validate(GenerationParams(prompt="x", seed=1))
     for field in ("width", "height", "num_inference_steps", "guidance_scale"):
-        assert params[field] == limits[field]["default"]
+        assert getattr(params, field) == limits[field]["default"]
     largest = limits["pixels"]["max"]
     side = int(largest**0.5)
-    assert spec.validate(GenerationParams(prompt="x", width=side, height=side))["width"] == side
+    assert spec.validate(GenerationParams(prompt="x", width=side, height=side)).width == side
     with pytest.raises(InvalidParam):
         spec.validate(GenerationParams(prompt="x", width=side + 16, height=side))

@@ -10,13 +10,13 @@ import torch
 from mstar.engine.cuda_graphs import GraphedByLength
 from mstar.models.text_fallback import FallbackTokenizer
 from mstar.models.zimage.config import TINY
-from mstar.models.zimage.text_encoder import PromptEncoder, build_qwen3
+from mstar.models.zimage.text_encoder import Qwen3PromptEncoder, build_qwen3
 
 
-def _encoder(device: str = "cpu", dtype=torch.float32, cuda_graphs: bool = False) -> PromptEncoder:
+def _encoder(device: str = "cpu", dtype=torch.float32, cuda_graphs: bool = False) -> Qwen3PromptEncoder:
     model = build_qwen3(TINY.text_encoder, device, dtype)
     tokenizer = FallbackTokenizer(TINY.text_encoder["vocab_size"], TINY.max_sequence_length, add_eos=False)
-    return PromptEncoder(model, tokenizer, device, TINY.max_sequence_length, cuda_graphs=cuda_graphs)
+    return Qwen3PromptEncoder(model, tokenizer, device, TINY.max_sequence_length, cuda_graphs=cuda_graphs)
 
 
 @torch.inference_mode()

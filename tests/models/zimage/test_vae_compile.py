@@ -8,16 +8,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mstar.engine.background_compile import COMPILED, PENDING, BackgroundCompiler, off_serving_path
+from mstar.config import CompileSize
+from mstar.diffusion.vae_nodes import FRAMES, LATENTS, DecodeNode
+from mstar.engine.checked_compile import COMPILED, EAGER, PENDING, BackgroundCompiler, off_serving_path
 from mstar.graph import RequestState
 from mstar.models.zimage.config import TINY
-from mstar.models.zimage.denoise import LATENTS
-from mstar.models.zimage.nodes import FRAMES, VAEDecodeNode
+from mstar.models.zimage.nodes import checked_decode
+from mstar.models.zimage.pipeline import ZImagePipeline
 from mstar.models.zimage.vae import GroupNorm, group_norm_by_pixel_blocks
 from mstar.models.zimage.weights import build_vae_decoder
 
 HANG_GUARD_S = 60.0
 WARM_SIZE = (32, 32)  # (width, height) -> latents [16, 16, 16] with the tiny 2x VAE
+
+
+def decode_node(vae, compile_mode: str, warmup_sizes=(), compiler=None) -> DecodeNode:
+    """The Z-Image decode node as nodes.py builds it; `node.decode` is its checked decode (its
+    background compiles on `compiler`, the process's compile thread by default)."""
+    decoder = checked_decode(vae, compile_mode, compiler=compiler)
+    pipeline = ZImagePipeline(TINY, "cpu", vae=vae, decoder=decoder)
+    node = DecodeNode(pipeline, warmup_sizes=[CompileSize(width=w, height=h) for w, h in warmup_sizes])
+    node.decode = pipeline.decoder
+    return node
 
 
 @pytest.fixture
@@ -54,8 +66,8 @@ def latents_for(width: int, height: int, seed: int = 5) -> torch.Tensor:
     return torch.randn(TINY.vae.latent_channels, height // 2, width // 2, generator=generator)
 
 
-def decode_request(node: VAEDecodeNode, latents: torch.Tensor) -> torch.Tensor:
-    request = RequestState("r", {})
+def decode_request(node: DecodeNode, latents: torch.Tensor) -> torch.Tensor:
+    request = RequestState("r", None)
     request.tensors[LATENTS] = latents
     node.forward([request])
     assert LATENTS not in request.tensors
@@ -63,23 +75,23 @@ def decode_request(node: VAEDecodeNode, latents: torch.Tensor) -> torch.Tensor:
 
 
 def test_eager_path_is_the_plain_decode(vae):
-    node = VAEDecodeNode(vae, "off", warmup_sizes=[WARM_SIZE])
+    node = decode_node(vae, "off", warmup_sizes=[WARM_SIZE])
     node.warmup()
     latents = latents_for(24, 16)
     frames = decode_request(node, latents)
     assert frames.dtype == torch.uint8 and frames.shape == (1, 16, 24, 3)
     with torch.inference_mode():
         assert torch.equal(frames, vae.decode_frames(latents))
-    assert node.decode.psnr_db_by_size == {} and node.num_recompiles() == 0
+    assert node.decode is None and node.num_recompiles() == 0
 
 
 def test_corrupted_compiled_frames_fall_back_to_eager_for_that_size(vae):
-    node = VAEDecodeNode(vae, "default", warmup_sizes=[WARM_SIZE])
+    node = decode_node(vae, "default", warmup_sizes=[WARM_SIZE])
     fake = node.decode.compiled = FakeCompiled(vae, corrupt=True)
     node.warmup()
     assert fake.num_calls == 1
-    assert node.decode.eager_sizes == {(16, 16)}
-    assert node.decode.psnr_db_by_size[(16, 16)] < 40.0
+    assert node.decode.checked.keys(EAGER) == {(16, 16)}
+    assert node.decode.checked.psnr_db[(16, 16)] < 40.0
     latents = latents_for(*WARM_SIZE)
     frames = decode_request(node, latents)
     assert fake.num_calls == 1  # the size decodes eagerly now, never through the fake
@@ -88,18 +100,18 @@ def test_corrupted_compiled_frames_fall_back_to_eager_for_that_size(vae):
 
 
 def test_a_new_size_is_served_eagerly_and_checked_off_the_serving_path(vae):
-    node = VAEDecodeNode(vae, "default", warmup_sizes=[WARM_SIZE])
-    node.decode.checked.compiler = compiler = BackgroundCompiler()
+    compiler = BackgroundCompiler()
+    node = decode_node(vae, "default", warmup_sizes=[WARM_SIZE], compiler=compiler)
     node.decode.compiled = FakeCompiled(vae, corrupt=False)
     node.warmup()
-    assert node.decode.psnr_db_by_size == {(16, 16): float("inf")} and not node.decode.eager_sizes
+    assert node.decode.checked.psnr_db == {(16, 16): float("inf")} and not node.decode.checked.keys(EAGER)
     node.decode.compiled = fake = FakeCompiled(vae, corrupt=True)  # a miscompile at a size not warmed
     latents = latents_for(24, 16)
     frames = decode_request(node, latents)
     with torch.inference_mode():
         assert torch.equal(frames, vae.decode_frames(latents))
     assert compiler.wait_idle(HANG_GUARD_S)
-    assert fake.num_calls == 1 and node.decode.eager_sizes == {(8, 12)}  # checked once, in the background
+    assert fake.num_calls == 1 and node.decode.checked.keys(EAGER) == {(8, 12)}  # checked once, off the path
     assert torch.equal(decode_request(node, latents), frames)  # and never served
     assert fake.num_calls == 1
 
@@ -121,21 +133,23 @@ class GatedCompile:
 def test_a_new_size_waits_for_no_compile_and_is_swapped_in_after(vae, monkeypatch):
     gated = GatedCompile()
     monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", gated)
-    node = VAEDecodeNode(vae, "default", warmup_sizes=[WARM_SIZE])
-    node.decode.checked.compiler = compiler = BackgroundCompiler()
+    compiler = BackgroundCompiler()
+    node = decode_node(vae, "default", warmup_sizes=[WARM_SIZE], compiler=compiler)
     node.warmup()
-    compiled = node.decode.compiled
+    (compiled,) = node.decode.parts
     assert compiled.num_compiles == 1 and node.num_recompiles() == 0
-    assert node.decode.psnr_db_by_size[(16, 16)] >= 40.0
+    assert node.decode.checked.psnr_db[(16, 16)] >= 40.0
     decode_request(node, latents_for(*WARM_SIZE).to(torch.bfloat16))  # cast to float32: same graph
+    assert node.num_recompiles() == 0
     latents = latents_for(24, 16)
     frames = decode_request(node, latents)  # done while its size's compile is blocked
     assert gated.blocked.wait(HANG_GUARD_S) and node.decode.checked.state((8, 12)) == PENDING
     gated.gate.set()
     assert compiler.wait_idle(HANG_GUARD_S)
-    assert node.decode.checked.state((8, 12)) == COMPILED and node.decode.psnr_db_by_size[(8, 12)] >= 40.0
+    assert node.decode.checked.state((8, 12)) == COMPILED and node.decode.checked.psnr_db[(8, 12)] >= 40.0
     assert torch.equal(decode_request(node, latents), frames)  # now compiled: same frames here
     assert (compiled.num_compiles, compiled.num_background_compiles, node.num_recompiles()) == (1, 1, 0)
+    assert node.decode.num_background_compiles == 1
 
 
 def test_latents_reach_the_compiled_decode_as_contiguous_inference_tensors():
@@ -196,9 +210,9 @@ def test_compiled_node_takes_norm_statistics_by_pixel_blocks_and_eager_keeps_gro
     latents = latents_for(24, 16)
     with torch.inference_mode():
         plain = vae.decode(latents.unsqueeze(0))
-    VAEDecodeNode(vae, "off", warmup_sizes=[WARM_SIZE])
+    decode_node(vae, "off", warmup_sizes=[WARM_SIZE])
     assert not any(norm.by_pixel_blocks for norm in norms)
-    VAEDecodeNode(vae, "default", warmup_sizes=[WARM_SIZE])
+    decode_node(vae, "default", warmup_sizes=[WARM_SIZE])
     assert all(norm.by_pixel_blocks for norm in norms)
     with torch.inference_mode():
         by_blocks = vae.decode(latents.unsqueeze(0))

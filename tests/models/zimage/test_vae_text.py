@@ -5,8 +5,9 @@ import torch
 
 from mstar.graph import RequestState
 from mstar.models.zimage.config import TINY
-from mstar.models.zimage.text_encoder import PromptEncoder, TextEncoderNode
+from mstar.models.zimage.text_encoder import Qwen3PromptEncoder
 from mstar.models.zimage.weights import build_vae_decoder
+from tests.models.text_params import text_params, zimage_text_node
 
 
 def test_vae_decode_matches_diffusers(tiny_folder):
@@ -29,7 +30,7 @@ def test_prompt_embeddings_match_encode_prompt(tiny_folder):
     _, pipe = tiny_folder
     prompts = ["a red fox in the snow", "üñï 日本語, a much longer prompt that pads the other one"]
     expected, _ = pipe.encode_prompt(list(prompts), device="cpu", do_classifier_free_guidance=False)
-    got = PromptEncoder(pipe.text_encoder, pipe.tokenizer, "cpu").encode(list(prompts))
+    got = Qwen3PromptEncoder(pipe.text_encoder, pipe.tokenizer, "cpu").encode(list(prompts))
     for ours, reference in zip(got, expected, strict=True):
         assert ours.shape == reference.shape
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
@@ -37,9 +38,9 @@ def test_prompt_embeddings_match_encode_prompt(tiny_folder):
 
 def test_text_node_encodes_negative_prompt_only_under_guidance(tiny_folder):
     _, pipe = tiny_folder
-    node = TextEncoderNode(PromptEncoder(pipe.text_encoder, pipe.tokenizer, "cpu"))
-    plain = RequestState("a", {"prompt": "a cat", "guidance_scale": 0.0})
-    guided = RequestState("b", {"prompt": "a cat", "negative_prompt": "blurry", "guidance_scale": 2.0})
+    node = zimage_text_node(Qwen3PromptEncoder(pipe.text_encoder, pipe.tokenizer, "cpu"))
+    plain = RequestState("a", text_params("a cat", 0.0))
+    guided = RequestState("b", text_params("a cat", 2.0, "blurry"))
     node.forward([plain, guided])
     assert set(plain.tensors) == {"prompt_embeds"}
     assert set(guided.tensors) == {"prompt_embeds", "negative_prompt_embeds"}

@@ -1,35 +1,47 @@
-"""No request waits for a compile: shapes compiled and checked off the serving path, then swapped in.
+"""The one checked-compile wrapper: no request waits for a compile, and no miscompile serves.
 
 A function compiled with static shapes (the VAE decodes: one graph per latent size) compiles on the
 first call of each new shape, and the request making that call would wait for it (16 s for a
 Z-Image decode at a size the config did not list, 35 s for a Wan clip). `CheckedCompile` keeps the
 serving path off that: a shape it has not compiled is served on the eager function at once, and
 its compile runs in a background thread (`BackgroundCompiler`) on example inputs of that shape,
-followed by a check of the compiled output against eager (PSNR of the uint8 frames). The compiled
-path is swapped in for that shape only when the check passes (>= MIN_COMPILED_PSNR_DB); below that,
-or when the compile fails, the shape stays eager for good. Shapes the config names are compiled and
-checked inline at warmup (`warm`), before the server reports ready.
+followed by a check of the compiled output against eager (`uint8_psnr_db` of the frames). The
+compiled path is swapped in for that shape only when the check passes (>= MIN_PSNR_DB); below
+that, or when the compile fails, the shape stays eager for good. Shapes the config names are
+compiled and checked inline at warmup (`warm`), before the server reports ready.
 
 The background thread compiles one shape at a time and never blocks the caller: a call for a shape
 still compiling runs eagerly. Its compiles are counted apart (`CompiledFunction` asks
 `off_serving_path()`), so /metrics' recompiles stay what a request waited for. Its device work goes
-to the same CUDA device and stream as the serving thread's (one example decode and one eager
+to the same CUDA device and stream as the serving thread's (one example call and one eager
 reference per new shape), so its memory is the caching allocator's shared pool, not a side stream's.
+
+`CheckedFunction` pairs a compiled function with its eager reference on one CheckedCompile, for a
+caller that wants one callable (Z-Image's decode); a caller that picks between compiled and eager
+pieces itself (Wan's chunked decode, mstar.diffusion.vae_decode) asks `use_compiled(key)`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Hashable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
-MIN_COMPILED_PSNR_DB = 40.0  # compiled vs eager uint8 frames: bf16 kernel differences stay far above
+MIN_PSNR_DB = 40.0  # compiled vs eager uint8 frames: bf16 kernel differences stay far above this
 
 _thread_state = threading.local()
+
+
+def uint8_psnr_db(frames: Any, reference: Any) -> float:
+    """PSNR of uint8 frames against reference frames of the same shape (inf when equal)."""
+    mse = (frames.float() - reference.float()).pow(2).mean().item()
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
 def off_serving_path() -> bool:
@@ -133,7 +145,7 @@ class CheckedCompile:
         check: Callable[[Hashable], float],
         enabled: bool = True,
         compiler: BackgroundCompiler | None = None,
-        min_psnr_db: float = MIN_COMPILED_PSNR_DB,
+        min_psnr_db: float = MIN_PSNR_DB,
     ):
         self.name = name
         self.enabled = enabled
@@ -200,3 +212,64 @@ class CheckedCompile:
             "%s: compiled %s disagrees with eager: PSNR %.1f dB < %.1f dB; it stays eager",
             self.name, key, psnr_db, self.min_psnr_db,
         )  # fmt: skip
+
+
+class CheckedFunction:
+    """A compiled function and its eager reference as one callable, served per key by CheckedCompile.
+
+        decode = CheckedFunction("zimage_vae_decode", compiled, eager, key=lambda z: tuple(z.shape[-2:]),
+                                 example=lambda key: (noise_of(key),), parts=[compiled])
+        decode.warm(latents)        # boot warmup: compile and check this key now, on this thread
+        frames = decode(latents)    # compiled once its key passed; else eager (its check starts)
+
+    `example(key)` builds the arguments a background check runs on. Checks run in inference mode,
+    as the serving threads do (the mode is per thread, and a compiled graph guards on it).
+    `parts` are the CompiledFunctions behind `compiled` (their warmup end and recompile counts).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        compiled: Callable[..., Any],
+        eager: Callable[..., Any],
+        key: Callable[..., Hashable],
+        example: Callable[[Hashable], tuple],
+        parts: list[Any] | tuple[Any, ...] = (),
+        compare: Callable[[Any, Any], float] = uint8_psnr_db,
+        enabled: bool = True,
+        compiler: BackgroundCompiler | None = None,
+    ):
+        self.compiled, self.eager, self.key = compiled, eager, key
+        self.example, self.compare, self.parts = example, compare, list(parts)
+        self.checked = CheckedCompile(name, self._check_key, enabled=enabled, compiler=compiler)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.checked.use_compiled(self.key(*args)):
+            return self.compiled(*args)
+        return self.eager(*args)
+
+    def warm(self, *args: Any) -> float:
+        """Compile and check the key of `args` on `args` now (warmup); the PSNR (dB)."""
+        return self.checked.warm(self.key(*args), lambda key: self._score(args))
+
+    def _check_key(self, key: Hashable) -> float:
+        return self._score(self.example(key))
+
+    def _score(self, args: tuple) -> float:
+        import torch
+
+        with torch.inference_mode():
+            return float(self.compare(self.compiled(*args), self.eager(*args)))
+
+    def finish_warmup(self) -> None:
+        """After the warmup keys: a compile from now on on the serving path is a recompile."""
+        for part in self.parts:
+            part.finish_warmup()
+
+    @property
+    def num_recompiles(self) -> int:
+        return sum(part.num_recompiles for part in self.parts)
+
+    @property
+    def num_background_compiles(self) -> int:
+        return sum(getattr(part, "num_background_compiles", 0) for part in self.parts)
