@@ -7,8 +7,9 @@
 #   git archive REF mstar bench pyproject.toml | xz > .whl_base/tree.tar.xz      (on this machine)
 #   bash bench/h200_compare.sh wan|zimage                                        (on the GPU, carrying
 #                                                                                 .whl_pack and .whl_base)
-# ~8 min for wan, ~4 for zimage. Results: $OUT/compare/<model>-*.json and a table printed last.
-# Knobs (environment): NUM_REQUESTS (3), ATTENTION_BACKEND (fa3), SETTLE_S (90: the longest wait for
+# ~8 min for wan, ~4 for zimage. Results: $OUT/compare-<model>.tar.xz (JSON, tables, server logs)
+# and a table printed last.
+# Knobs (environment): NEW_SIZE_ONLY, NUM_REQUESTS (3), ATTENTION_BACKEND (fa3), SETTLE_S (90: the longest wait for
 # the new size's compile to be swapped in before its steady requests).
 set -uo pipefail
 
@@ -82,23 +83,28 @@ serve_c1() {  # serve_c1 LABEL DIR: boot that tree's server, then c=1 (one warmu
   client "c1-$1" --num-requests "${NUM_REQUESTS:-3}" --num-warmup 1
 }
 
+settled() { grep -c "swapped in\|stays eager" "$out/$model-server-this.log"; }
+
 new_size() {  # on the running server (this tree): the first request at new_size, then its steady c=1
+  local before waited=0
+  before=$(settled)  # the warmup sizes' checks are in the log already
   client "new-size-first" --size "$new_size" --num-requests 1 --num-warmup 0
-  local waited=0
-  until grep -q "swapped in\|stays eager" "$out/$model-server-this.log" 2> /dev/null; do
-    [ "$waited" -ge "${SETTLE_S:-90}" ] && break
+  until [ "$(settled)" -gt "$before" ] || [ "$waited" -ge "${SETTLE_S:-90}" ]; do
     sleep 2
     waited=$((waited + 2))
   done
-  echo "new size: compile settled after ${waited} s: $(grep -h 'swapped in\|stays eager' "$out/$model-server-this.log" | tail -2)"
+  echo "new size: its compile settled ${waited} s after its first request"
   client "new-size-steady" --size "$new_size" --num-requests "${NUM_REQUESTS:-3}" --num-warmup 0
+  grep -h "not compiled yet\|swapped in\|stays eager\|recompiled" "$out/$model-server-this.log" | tail -6
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
-our_step base /tmp/base
-our_step this "$here"
-serve_c1 base /tmp/base
-stop_server
+if [ -z "${NEW_SIZE_ONLY:-}" ]; then  # NEW_SIZE_ONLY=1: this tree's server and the new size alone
+  our_step base /tmp/base
+  our_step this "$here"
+  serve_c1 base /tmp/base
+  stop_server
+fi
 serve_c1 this "$here" && new_size
 echo "recompile warnings in this tree's server log: $(grep -c 'recompiled in traffic' "$out/$model-server-this.log")"
 stop_server
@@ -119,7 +125,7 @@ def step_ms(result):
     return runs[0].get("median_ms") if runs else None
 
 def p50_s(result):
-    runs = (result or {}).get("runs") or []
+    runs = [r for r in (result or {}).get("runs", []) if r.get("mode") == "closed"]  # not the warmup
     return runs[0].get("latency_p50_s") if runs else None
 
 def ratio(new, old):
@@ -133,3 +139,4 @@ for name, old, new in rows:
 first, steady = p50_s(load("new-size-first")), p50_s(load("new-size-steady"))
 print(f"| new size: first s / steady p50 s | {first} | {steady} | {ratio(first, steady)} |")
 EOF
+tar cf - -C "$out" . | xz > "$out/../compare-$model.tar.xz" && rm -rf "$out"  # one file comes back

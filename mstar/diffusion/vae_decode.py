@@ -242,7 +242,11 @@ class VaeDecodeRunner:
         return self._fast_vs_plain_psnr_db(seeded_noise(shape, seed=0).to(self.device, self.dtype))
 
     def _fast_vs_plain_psnr_db(self, latents: torch.Tensor) -> float:
-        return uint8_psnr_db(self.decode_fast_uint8(latents), self.decode_plain_uint8(latents))
+        from mstar.engine.checked_compile import module_calls
+
+        fast = self.decode_fast_uint8(latents)
+        with module_calls():  # eager modules: not while another thread traces
+            return uint8_psnr_db(fast, self.decode_plain_uint8(latents))
 
     def _serving_step(self, latents: torch.Tensor):
         """The compiled step once this resolution was checked, else the eager one (and its check

@@ -16,6 +16,15 @@ still compiling runs eagerly. Its compiles are counted apart (`CompiledFunction`
 to the same CUDA device and stream as the serving thread's (one example call and one eager
 reference per new shape), so its memory is the caching allocator's shared pool, not a side stream's.
 
+Compiling on a thread of its own needs one guard: torch.fx's `Tracer.trace` (AOTAutograd traces
+every new graph with it) patches `torch.nn.Module.__call__` for the whole process while it runs,
+so a module called on another thread meanwhile is taken for part of the traced graph and fails
+("module is not installed as a submodule": a Wan clip decoded eagerly while its shape compiled).
+`module_calls()` is the lock both sides take: the serving thread around each node's forward
+(mstar.runtime.step_loop), the compile thread around fx tracing and its eager reference runs. The
+trace holds it for a fraction of a compile (inductor's code generation and Triton's kernel builds run
+outside it), so a request may wait that long, never for the whole compile.
+
 `CheckedFunction` pairs a compiled function with its eager reference on one CheckedCompile, for a
 caller that wants one callable (Z-Image's decode); a caller that picks between compiled and eager
 pieces itself (Wan's chunked decode, mstar.diffusion.vae_decode) asks `use_compiled(key)`.
@@ -23,6 +32,7 @@ pieces itself (Wan's chunked decode, mstar.diffusion.vae_decode) asks `use_compi
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import queue
@@ -36,6 +46,29 @@ logger = logging.getLogger(__name__)
 MIN_PSNR_DB = 40.0  # compiled vs eager uint8 frames: bf16 kernel differences stay far above this
 
 _thread_state = threading.local()
+_module_calls = threading.RLock()
+
+
+def module_calls() -> threading.RLock:
+    """The lock around code that calls nn.Modules while a background compile may trace (above)."""
+    return _module_calls
+
+
+def _guard_fx_tracing() -> None:
+    """Make torch.fx's Tracer.trace hold module_calls() (once per process, before the first job)."""
+    from torch.fx._symbolic_trace import Tracer
+
+    if getattr(Tracer.trace, "mstar_guarded", False):
+        return
+    unguarded = Tracer.trace
+
+    @functools.wraps(unguarded)
+    def trace(self, *args, **kwargs):
+        with _module_calls:
+            return unguarded(self, *args, **kwargs)
+
+    trace.mstar_guarded = True  # type: ignore[attr-defined]
+    Tracer.trace = trace  # type: ignore[method-assign]
 
 
 def uint8_psnr_db(frames: Any, reference: Any) -> float:
@@ -66,6 +99,7 @@ class BackgroundCompiler:
         with self._lock:
             self._num_unfinished += 1
             if self._thread is None or not self._thread.is_alive():
+                _guard_fx_tracing()
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
         self._jobs.put(lambda: _on_device(device, job))
@@ -259,7 +293,9 @@ class CheckedFunction:
         import torch
 
         with torch.inference_mode():
-            return float(self.compare(self.compiled(*args), self.eager(*args)))
+            output = self.compiled(*args)
+            with module_calls():  # eager modules: not while another thread traces
+                return float(self.compare(output, self.eager(*args)))
 
     def finish_warmup(self) -> None:
         """After the warmup keys: a compile from now on on the serving path is a recompile."""

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mstar.engine.checked_compile import module_calls
 from mstar.engine.memory import OUT_OF_MEMORY_KIND, is_out_of_memory, release_cached_memory
 from mstar.errors import FailureKind
 from mstar.graph import Loop, ModelSpec, Node, RequestState
@@ -202,7 +203,8 @@ def _run_forward(node: Node, batch: list[RequestState]) -> tuple[str, bool] | No
     """None, or (error text, whether it was out of memory). The exception (and the activations
     its traceback holds) is dropped on return, before any cache is released."""
     try:
-        node.forward(batch)
+        with module_calls():  # a background compile's fx trace waits for it (engine.checked_compile)
+            node.forward(batch)
     except Exception as exc:
         log.exception("%s.forward failed for %d request(s)", node.name, len(batch))
         return str(exc), is_out_of_memory(exc)

@@ -223,3 +223,53 @@ def test_compile_methods_sets_the_compiled_copy_in_the_methods_place():
     parts.finish_warmup()
     model(torch.randn(5, 4))  # a new size: dynamic shapes, no second graph
     assert parts.num_recompiles == 0 and Stack.run_layers is not model.run_layers
+
+
+def test_modules_called_on_the_serving_side_wait_for_a_background_fx_trace():
+    """fx's Tracer.trace patches nn.Module.__call__ for the whole process: a module called on another
+    thread meanwhile failed ("module is not installed as a submodule"). Under module_calls() the
+    call waits for the trace instead, and both finish right."""
+    import threading
+
+    import torch
+
+    from mstar.engine.checked_compile import _guard_fx_tracing, module_calls
+
+    _guard_fx_tracing()
+    inside_trace, release_trace = threading.Event(), threading.Event()
+
+    class Traced(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            inside_trace.set()
+            release_trace.wait(timeout=30)  # a hang guard, not a timing
+            return self.inner(x)
+
+    served = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    results: dict[str, object] = {}
+
+    def trace():
+        results["graph"] = torch.fx.symbolic_trace(Traced())
+
+    def serve():
+        try:
+            with module_calls():
+                results["served"] = served(torch.ones(1, 2))
+        except Exception as exc:  # what an unguarded call raised
+            results["error"] = exc
+
+    tracer = threading.Thread(target=trace)
+    tracer.start()
+    assert inside_trace.wait(timeout=30)
+    server = threading.Thread(target=serve)
+    server.start()
+    server.join(timeout=0.5)  # blocked on the lock (an unguarded call would have failed by now)
+    release_trace.set()
+    tracer.join(timeout=30)
+    server.join(timeout=30)
+    assert "error" not in results, results.get("error")
+    assert torch.equal(results["served"], served(torch.ones(1, 2)))
+    assert isinstance(results["graph"], torch.fx.GraphModule)
