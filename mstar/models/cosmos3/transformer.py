@@ -62,6 +62,7 @@ class PackedVision:
 class Cosmos3Transformer(nn.Module):
     # Kept in float32 when the model runs in bf16 (diffusers' _keep_in_fp32_modules).
     fp32_param_patterns = ("time_embedder",)
+    compiled_methods = ("run_generation_layers",)  # the layer stack, pack length dynamic
     # Checkpoint tensors we do not build: the reasoner's LM head and final norm, the sound and
     # action heads (modes refused). "norm.weight" matches only the top-level norm: every layer's
     # norm weights are ours, and only tensors we lack are checked against these.
