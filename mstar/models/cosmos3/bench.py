@@ -39,7 +39,8 @@ class Cosmos3Bench(DitBenchEntry):
         return tiny_cosmos3_config() if tiny else Cosmos3Config()
 
     def transformer_config(self, tiny: bool) -> dict[str, Any]:
-        return self.config(tiny).transformer.to_dict()
+        # no action head on either side (Edge's checkpoint has one; its mode is refused)
+        return {**self.config(tiny).transformer.to_dict(), "action_gen": False}
 
     def _grid(self, workload: StepWorkload) -> tuple[int, int, int]:
         config = self.config(workload.tiny)

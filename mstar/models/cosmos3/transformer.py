@@ -83,6 +83,14 @@ class Cosmos3Transformer(nn.Module):
         self.num_understanding_forwards = 0  # counts understand() calls (tests, metrics)
         self._rotary_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """diffusers' full state dict: tensors of the parts we do not build are skipped (only keys
+        we lack, so a missing or misnamed tensor of ours still fails a strict load)."""
+        own = set(self.state_dict().keys())
+        patterns = self.unused_checkpoint_patterns
+        kept = {k: v for k, v in state_dict.items() if k in own or not k.startswith(patterns)}
+        return super().load_state_dict(kept, strict=strict, assign=assign)
+
     @property
     def dtype(self) -> torch.dtype:
         return self.proj_out.weight.dtype
