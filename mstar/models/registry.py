@@ -25,12 +25,16 @@ class Registered:
 
 
 QWEN3_BENCH = "mstar.models.qwen3.bench:Qwen3Bench"  # one entry for every registered Qwen3 size
+COSMOS3_BENCH = "mstar.models.cosmos3.bench:Cosmos3Bench"
 MODELS: dict[str, Registered] = {
     "tiny-digits": Registered("mstar.models.tiny_digits.model:TinyDigitsSpec"),
     "wan2.2-ti2v-5b": Registered("mstar.models.wan22.model:Wan22Spec", "mstar.models.wan22.bench:WanBench"),
     "z-image-turbo": Registered(
         "mstar.models.zimage.model:ZImageSpec", "mstar.models.zimage.bench:ZImageBench"
     ),
+    "cosmos3-edge": Registered("mstar.models.cosmos3.model:Cosmos3Spec", COSMOS3_BENCH),
+    "cosmos3-nano": Registered("mstar.models.cosmos3.model:Cosmos3NanoSpec", COSMOS3_BENCH),
+    "tiny-cosmos3": Registered("mstar.models.cosmos3.model:TinyCosmos3Spec"),
     "tiny-chat": Registered("mstar.models.tiny_chat.model:TinyChatSpec", QWEN3_BENCH),
     "qwen3": Registered("mstar.models.qwen3.model:Qwen3Spec", QWEN3_BENCH),
     "qwen3-0.6b": Registered("mstar.models.qwen3.model:Qwen3_0_6BSpec", QWEN3_BENCH),
