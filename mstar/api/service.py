@@ -88,6 +88,11 @@ def check_step_tokens(spec: ModelSpec, params: RequestParams, max_tokens_per_ste
     )
 
 
+def route_kind(output_kind: str) -> str:
+    """The media a model's route makes: a video with a soundtrack is still a video."""
+    return "video" if output_kind == "video+audio" else output_kind
+
+
 def random_seed() -> int:
     return secrets.randbelow(2**31)
 
@@ -103,7 +108,7 @@ class Generator:
         """404 for a model not served here; 400 when the route's media kind is not the model's."""
         if model is not None and model != self.spec.name:
             raise UnknownModel(model)
-        if self.spec.output_kind != output_kind:
+        if route_kind(self.spec.output_kind) != output_kind:
             raise ApiError(
                 400,
                 f"model '{self.spec.name}' is {self.spec.task}; this route makes {output_kind}s",
@@ -191,6 +196,13 @@ class Generator:
         if frames is None:
             raise failure_error("error", f"outputs lack '{self.spec.output_tensor}': {sorted(outputs)}")
         return frames
+
+    def audio_tensor(self, outputs: dict[str, Any]) -> Any:
+        """The model's soundtrack, float [channels, samples] (models with audio only)."""
+        audio = outputs.get(self.spec.audio_tensor)
+        if audio is None:
+            raise failure_error("error", f"outputs lack '{self.spec.audio_tensor}': {sorted(outputs)}")
+        return audio
 
     async def frames_of_all(self, submitted: list[Submitted]) -> list[Any]:
         """Every request's frames; a client that goes away aborts them all."""

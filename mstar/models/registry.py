@@ -31,6 +31,7 @@ MODELS: dict[str, Registered] = {
     "z-image-turbo": Registered(
         "mstar.models.zimage.model:ZImageSpec", "mstar.models.zimage.bench:ZImageBench"
     ),
+    "ltx-2": Registered("mstar.models.ltx2.model:LTX2Spec", "mstar.models.ltx2.bench:LTX2Bench"),
     "tiny-chat": Registered("mstar.models.tiny_chat.model:TinyChatSpec", QWEN3_BENCH),
     "qwen3": Registered("mstar.models.qwen3.model:Qwen3Spec", QWEN3_BENCH),
     "qwen3-0.6b": Registered("mstar.models.qwen3.model:Qwen3_0_6BSpec", QWEN3_BENCH),

@@ -28,6 +28,10 @@ UNCOND = "uncond"  # the negative prompt (classifier-free guidance)
 PERTURBED = "perturbed"  # spatio-temporal guidance: self attention skipped in the chosen blocks
 ISOLATED = "isolated"  # modality guidance: no audio-video cross attention
 
+# Steps a terminal-shifted schedule needs: one sigma of 1 cannot be stretched to end at
+# shift_terminal (the pipeline's sigmas are NaN).
+MIN_STEPS = 2
+
 
 @dataclass(frozen=True)
 class VideoGeometry:
