@@ -85,7 +85,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|batch-scaling|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|batch-scaling|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|ltx2|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -574,6 +574,14 @@ case "$phase" in
   step-zimage-targets) step_phase zimage zimage-1024-b1 ;;
   serve-wan) serve_phase wan2.2-ti2v-5b wan-480p-t2v 832x480x33 1,2,4 4 "${gpu_flags[@]}" ;;
   serve-zimage) serve_phase z-image-turbo zimage-1024 1024x1024 1,4,8 8 "${gpu_flags[@]}" ;;
+  ltx2)  # LTX-2 in one call (carry .whl_ref .whl_srv .whl_otel): DiT ms/step ours vs diffusers eager at
+    # the pipeline's default 768x512x121 and 1280x704x121 (a guided step: cond, uncond, isolated), then
+    # the server at 768x512x121 (STEPS denoise steps, default 10) at c=1, 2, 4
+    require diffusers
+    guarded step-ltx2 240 python3 -m mstar.cli bench step --workloads ltx2-512p-guided,ltx2-704p-guided \
+      --compile-modes deterministic --attention-backends "${ATTENTION_BACKENDS:-fa3}" \
+      --diffusers-modes "${DIFFUSERS_MODES:-eager}" --num-warmup 2 --num-timed 5 -o "$out/step-ltx2.json"
+    STEPS="${STEPS:-10}" serve_phase ltx-2 ltx2-512p-t2v 768x512x121 1,2,4 6 "${gpu_flags[@]}" ;;
   serve-tiny)  # CPU check of this script's plumbing: the suite (a size list of one), then the classic serve
     suite_phase tiny-digits tiny-digits '["256x256"]' 10 --kind image --size 256x256 --sizes 256x256 \
       --steps 4 --num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 2 --company-sizes 256x256 \

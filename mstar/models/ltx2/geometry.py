@@ -181,6 +181,39 @@ def guidance_labels(
     return tuple(labels)
 
 
+@dataclass(frozen=True)
+class LTX2Geometry:
+    """The guidance rule at a config's request defaults (the spec's `geometry`): the scales not
+    given are LTX2Pipeline's defaults."""
+
+    config: LTX2Config
+
+    def labels(
+        self,
+        guidance_scale: float,
+        audio_guidance_scale: float | None = None,
+        stg_scale: float | None = None,
+        audio_stg_scale: float | None = None,
+        modality_scale: float | None = None,
+        audio_modality_scale: float | None = None,
+    ) -> tuple[str, ...]:
+        d = self.config.defaults
+
+        def given(value: float | None, default: float) -> float:
+            return default if value is None else value
+
+        return guidance_labels(
+            guidance_scale,
+            given(audio_guidance_scale, d.audio_guidance_scale),
+            given(stg_scale, d.stg_scale),
+            given(audio_stg_scale, d.audio_stg_scale),
+            given(modality_scale, d.modality_scale),
+            given(audio_modality_scale, d.audio_modality_scale),
+            d.spatio_temporal_guidance_blocks,
+            self.config.dit,
+        )
+
+
 def step_tokens(num_video: int, num_audio: int, num_labels: int) -> int:
     """Tokens a request adds to one packed DiT step (every label is a segment of both streams)."""
     return (num_video + num_audio) * num_labels

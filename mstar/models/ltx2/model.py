@@ -76,6 +76,7 @@ class LTX2Spec(ModelSpec):
 
     def __init__(self, config: LTX2Config | None = None):
         self.config = config or LTX2
+        self.geometry = geometry.LTX2Geometry(self.config)
 
     @property
     def size_multiple(self) -> int:
@@ -154,10 +155,9 @@ class LTX2Spec(ModelSpec):
 
     def labels(self, params: LTX2Params) -> tuple[str, ...]:
         """The DiT passes of one of the request's steps (LTX2Pipeline's guidance rule)."""
-        return geometry.guidance_labels(
+        return self.geometry.labels(
             params.guidance_scale, params.audio_guidance_scale, params.stg_scale, params.audio_stg_scale,
-            params.modality_scale, params.audio_modality_scale, self.config.defaults.spatio_temporal_guidance_blocks,
-            self.config.dit,
+            params.modality_scale, params.audio_modality_scale,
         )  # fmt: skip
 
     def num_tokens(self, params: LTX2Params) -> tuple[int, int]:
