@@ -47,7 +47,7 @@ def ltx2_parity(variant: str | None = None, tiny: bool = False) -> ParityFamily:
         cases=[ParityCase("2 steps", 2, d.guidance_scale), ParityCase(f"{d.num_inference_steps} steps",
                d.num_inference_steps, d.guidance_scale)],
         write_folder=partial(write_ltx2_folder, config),
-        load_reference=partial(load_ltx2_pipeline, image_to_video=image is not None),
+        load_reference=load_ltx2_pipeline,
         encode_reference=partial(ltx2_prompt_embeds, max_sequence_length=d.max_sequence_length),
         run_reference=partial(run_ltx2, image=image, max_sequence_length=d.max_sequence_length),
         input_image=image,
@@ -122,23 +122,23 @@ def write_ltx2_folder(config: Any, folder: Path, device: str, seed: int) -> None
 
     dtype = device_dtype(device)
     parts = _components(config, device, seed, dtype)
-    with torch.device(device):
-        gemma = Gemma3ForConditionalGeneration._from_config(
-            Gemma3Config(**copy.deepcopy(config.text_encoder))
-        )
-    gemma = randomize_(gemma, seed + 9).to(dtype).eval()
     tokenizer = gemma_tokenizer(config.defaults.max_sequence_length)
+    gemma_config = copy.deepcopy(config.text_encoder)
+    text = gemma_config.setdefault("text_config", {})
+    text["vocab_size"] = max(text.get("vocab_size", 0), len(tokenizer))  # every token has a row
+    with torch.device(device):
+        gemma = Gemma3ForConditionalGeneration._from_config(Gemma3Config(**gemma_config))
+    gemma = randomize_(gemma, seed + 9).to(dtype).eval()
     pipe = LTX2Pipeline(text_encoder=gemma, tokenizer=tokenizer, **parts)
     pipe.save_pretrained(str(folder))
     del pipe, parts, gemma
     free_device_memory(device)
 
 
-def load_ltx2_pipeline(folder: Path, device: str, image_to_video: bool = False) -> Any:
-    from diffusers import LTX2ImageToVideoPipeline, LTX2Pipeline
+def load_ltx2_pipeline(folder: Path, device: str) -> Any:
+    from diffusers import LTX2Pipeline
 
-    pipeline_class = LTX2ImageToVideoPipeline if image_to_video else LTX2Pipeline
-    pipe = pipeline_class.from_pretrained(str(folder), torch_dtype=device_dtype(device)).to(device)
+    pipe = LTX2Pipeline.from_pretrained(str(folder), torch_dtype=device_dtype(device)).to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -158,9 +158,12 @@ def run_ltx2(pipe: Any, fields: dict[str, Any], output_type: str, image: Any, ma
     """The pipeline's first output: normalised video latents [C, F', H', W'] ("latent", as our loop
     leaves them) or frames [F, H, W, 3] in [0, 1] ("np")."""
     extra = {}
-    if image is not None:
+    if image is not None:  # the image-to-video pipeline on the same components
+        from diffusers import LTX2ImageToVideoPipeline
         from PIL import Image
 
+        pipe = LTX2ImageToVideoPipeline(**pipe.components)
+        pipe.set_progress_bar_config(disable=True)
         extra["image"] = Image.fromarray(image)
     video, _ = pipe(
         prompt=fields["prompt"], negative_prompt=fields.get("negative_prompt") or "", height=fields["height"],
