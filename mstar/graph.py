@@ -154,6 +154,7 @@ class GenerationParams:
     seed: int | None = None
     has_input_reference: bool = False
     lora: tuple[LoraChoice, ...] = ()  # the adapters the request names
+    audio: bool | None = None  # a model with a soundtrack: decode it (None: the model's default)
 
 
 # Labels: the streams of one request in a packed step (its conditioned pass, and the unconditioned
@@ -181,6 +182,8 @@ class ModelSpec(ABC):
     streams_text_encoder: bool = False
     # The family's LoRA key layouts (its lora_keys.py); None: requests name no adapters
     lora_keys: LoraKeyRules | None = None
+    # A "video+audio" model's final walk also leaves this: float [channels, samples] in [-1, 1].
+    audio_tensor: str = "audio"
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:
@@ -204,6 +207,10 @@ class ModelSpec(ABC):
         """Validated params the runtime sends through the whole walk at boot, before /ready, so no
         first request pays a first call (one per configured size); none by default."""
         return []
+
+    def audio_sample_rate(self, params: RequestParams) -> int | None:
+        """The sample rate of the request's audio track (`audio_tensor`), None when it has none."""
+        return None
 
     def step_tokens(self, params: RequestParams) -> int | None:
         """The most a validated request can add to one denoise step (tokens times guidance labels),

@@ -142,6 +142,7 @@ class VideoCreateRequest(_GenerationFields):
     seconds: str | None = None
     fps: Int | None = Field(None, ge=1, le=240)
     num_frames: Int | None = Field(None, ge=1, le=100_000)
+    audio: bool | None = None  # a model with a soundtrack: false skips it (and its decode)
     input_reference: Any = None
 
     @field_validator("seconds", mode="before")
@@ -160,6 +161,7 @@ class VideoCreateRequest(_GenerationFields):
             fps=self.fps,
             seconds=parse_seconds(self.seconds),
             has_input_reference=has_input_reference,
+            audio=self.audio,
         )
 
 

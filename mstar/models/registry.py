@@ -35,6 +35,7 @@ MODELS: dict[str, Registered] = {
     "cosmos3-edge": Registered("mstar.models.cosmos3.model:Cosmos3Spec", COSMOS3_BENCH),
     "cosmos3-nano": Registered("mstar.models.cosmos3.model:Cosmos3NanoSpec", COSMOS3_BENCH),
     "tiny-cosmos3": Registered("mstar.models.cosmos3.model:TinyCosmos3Spec"),
+    "ltx-2": Registered("mstar.models.ltx2.model:LTX2Spec", "mstar.models.ltx2.bench:LTX2Bench"),
     "tiny-chat": Registered("mstar.models.tiny_chat.model:TinyChatSpec", QWEN3_BENCH),
     "qwen3": Registered("mstar.models.qwen3.model:Qwen3Spec", QWEN3_BENCH),
     "qwen3-0.6b": Registered("mstar.models.qwen3.model:Qwen3_0_6BSpec", QWEN3_BENCH),

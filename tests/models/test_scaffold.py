@@ -79,6 +79,7 @@ def test_geometry_and_specs_import_without_torch():
         "[get_model_spec(name) for name in MODELS]\n"
         "import mstar.models.wan22.geometry, mstar.models.zimage.geometry, mstar.models.tiny_digits.geometry\n"
         "import mstar.models.wan22.bench, mstar.models.zimage.bench, mstar.models.qwen3.bench\n"
+        "import mstar.models.ltx2.geometry, mstar.models.ltx2.bench\n"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(
@@ -89,8 +90,8 @@ def test_geometry_and_specs_import_without_torch():
 
 def test_bench_entries_come_from_the_registry_with_unique_workload_names():
     entries = bench_entries()
-    assert [entry.family for entry in entries] == ["wan", "zimage", "cosmos3", "qwen3"]
-    assert [isinstance(entry, DitBenchEntry) for entry in entries] == [True, True, True, False]
-    assert isinstance(entries[3], TextBenchEntry)
+    assert [entry.family for entry in entries] == ["wan", "zimage", "cosmos3", "ltx2", "qwen3"]
+    assert [isinstance(entry, DitBenchEntry) for entry in entries] == [True, True, True, True, False]
+    assert isinstance(entries[4], TextBenchEntry)
     names = [w.name for entry in entries for w in (*entry.step_workloads, *entry.e2e_workloads)]
     assert len(names) == len(set(names))
