@@ -150,6 +150,13 @@ class GenerationParams:
     guidance_scale: float | None = None
     seed: int | None = None
     has_input_reference: bool = False
+    # (width, height) of each reference image of an edit (/v1/images/edits), in upload order.
+    reference_sizes: tuple[tuple[int, int], ...] = ()
+
+
+def reference_image_input(index: int) -> str:
+    """The runtime input (and request tensor) holding an edit's reference image `index`, uint8 [H, W, 3]."""
+    return f"reference_{index}"
 
 
 # Labels: the streams of one request in a packed step (its conditioned pass, and the unconditioned
@@ -175,6 +182,8 @@ class ModelSpec(ABC):
     output_tensor: str = "frames"
     # Whether its text encoder can stream its weights from host memory (config offload_text_encoder)
     streams_text_encoder: bool = False
+    # How many reference images an edit may give (/v1/images/edits); 0: the model makes no edits.
+    max_reference_images: int = 0
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:

@@ -88,3 +88,25 @@ def pipeline_call_kwargs(config: Flux2KleinConfig = TINY) -> dict:
         "max_sequence_length": config.max_sequence_length,
         "text_encoder_out_layers": config.text_encoder_out_layers,
     }
+
+
+def _tiny_specs():
+    from mstar.models.flux2_klein.model import Flux2KleinSpec
+
+    class TinyFlux2KleinSpec(Flux2KleinSpec):
+        """flux2-klein at the tiny test sizes (the runtime's workers resolve it by "module:Class")."""
+
+        name = "flux2-klein-4b"
+        preset = TINY
+        min_side = 16
+
+    class TinyFlux2KleinBaseSpec(TinyFlux2KleinSpec):
+        name = "flux2-klein-base-4b"
+        preset = dataclasses.replace(TINY, is_distilled=False)
+
+    return TinyFlux2KleinSpec, TinyFlux2KleinBaseSpec
+
+
+TinyFlux2KleinSpec, TinyFlux2KleinBaseSpec = _tiny_specs()
+TINY_SPEC_PATH = f"{__name__}:TinyFlux2KleinSpec"
+TINY_BASE_SPEC_PATH = f"{__name__}:TinyFlux2KleinBaseSpec"
