@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from mstar.models.flux2_klein.config import TINY, Flux2KleinConfig, to_json_dict
+from mstar.models.flux2_klein.model import Flux2KleinSpec
 from tests.models.zimage.tiny_parts import tiny_tokenizer
 
 __all__ = ["TINY", "save_tiny_pipeline", "tiny_pipeline", "tiny_tokenizer", "tiny_transformer"]
@@ -90,23 +91,18 @@ def pipeline_call_kwargs(config: Flux2KleinConfig = TINY) -> dict:
     }
 
 
-def _tiny_specs():
-    from mstar.models.flux2_klein.model import Flux2KleinSpec
+class TinyFlux2KleinSpec(Flux2KleinSpec):
+    """flux2-klein at the tiny test sizes (the runtime's workers resolve it by "module:Class")."""
 
-    class TinyFlux2KleinSpec(Flux2KleinSpec):
-        """flux2-klein at the tiny test sizes (the runtime's workers resolve it by "module:Class")."""
-
-        name = "flux2-klein-4b"
-        preset = TINY
-        min_side = 16
-
-    class TinyFlux2KleinBaseSpec(TinyFlux2KleinSpec):
-        name = "flux2-klein-base-4b"
-        preset = dataclasses.replace(TINY, is_distilled=False)
-
-    return TinyFlux2KleinSpec, TinyFlux2KleinBaseSpec
+    name = "flux2-klein-4b"
+    preset = TINY
+    min_side = 16
 
 
-TinyFlux2KleinSpec, TinyFlux2KleinBaseSpec = _tiny_specs()
+class TinyFlux2KleinBaseSpec(TinyFlux2KleinSpec):
+    name = "flux2-klein-base-4b"
+    preset = dataclasses.replace(TINY, is_distilled=False)
+
+
 TINY_SPEC_PATH = f"{__name__}:TinyFlux2KleinSpec"
 TINY_BASE_SPEC_PATH = f"{__name__}:TinyFlux2KleinBaseSpec"
