@@ -85,7 +85,7 @@
 # CALL_BUDGET_S (490) bounds each call; serve-tiny runs the same plumbing on CPU.
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|batch-scaling|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
+phase="${1:?usage: bash bench/h200.sh call1|call2|call3|call4|call7|call9|call10|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|batch-scaling|step-autotune|gemm-sustained|encodes|vae-code|confirm|serve-wan-offload|probe-repeat|diag-text|profile|pack|serve-zimage-suite|baseline|baseline-720p|step-wan|step-zimage|flux2|step-wan-targets|step-zimage-targets|serve-wan|serve-zimage|serve-tiny|server-deps}"
 if [ "$phase" = pack ]; then  # local: pack WHEEL_DIR... -> .whl_pack/site.tar.xz (the wheels unpacked)
   shift
   staging=$(mktemp -d)
@@ -568,6 +568,26 @@ case "$phase" in
       --compile-modes default --attention-backend fa3 -o "$out/profile-default.json" ;;
   step-wan) step_phase wan wan-480p-b1,wan-480p-cfg,wan-480p-c4,wan-720p-b1 ;;
   step-zimage) step_phase zimage zimage-1024-b1,zimage-1024-c4 ;;
+  flux2)  # FLUX.2 [klein] 4B at 1024x1024, the pipeline's default 50 steps, random weights, ~8 min;
+    # WHEEL_DIRS=".whl_ref .whl_srv .whl_otel" (diffusers, the server's deps), CALL_BUDGET_S=560.
+    # The DiT step ours (deterministic, fa3) against diffusers eager and compiled; then the server:
+    # cold request and steady c=1 (p50, peak GiB), c=8 (16 requests), c=4 (8), an edit with two
+    # 1024x1024 references at c=1 (cold, then 3 steady)
+    require diffusers
+    guarded step-flux2 210 python3 -m mstar.cli bench step --workloads flux2-1024-b1 \
+      --compile-modes deterministic --attention-backends "${ATTENTION_BACKENDS:-fa3}" \
+      --diffusers-modes eager,compiled --num-warmup 2 --num-timed 5 -o "$out/step-flux2.json"
+    KEEP_SERVER=1 suite_phase flux2-klein-4b flux2-1024 '["1024x1024"]' 90 \
+      --num-steady 3 --high-concurrency 8 --num-high 16 --num-mixed 0 -- "${gpu_flags[@]}"
+    if [ -n "$server_pid" ]; then
+      guarded serve-flux2-c4 60 python3 -m mstar.cli bench serve --base-url http://127.0.0.1:8765 \
+        --workload flux2-1024 --model flux2-klein-4b --concurrency 4 --num-requests 8 --num-warmup 0 \
+        -o "$out/serve-flux2-c4.json"
+      guarded edit-flux2 60 python3 bench/edit_latency.py --model flux2-klein-4b --num-references 2 \
+        --size 1024x1024 --num-steady 3 -o "$out/edit-flux2.json"
+      cat "$out/edit-flux2.out"
+    fi
+    stop_server ;;
   # the DiT step targets side by side with diffusers eager and compiled, one family a call:
   # WHEEL_DIRS=.whl_ref COMPILE_MODES=deterministic DIFFUSERS_MODES=eager,compiled (carry .whl_ref)
   step-wan-targets) step_phase wan wan-480p-cfg,wan-720p-b1 ;;
