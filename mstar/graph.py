@@ -155,6 +155,13 @@ class GenerationParams:
     has_input_reference: bool = False
     lora: tuple[LoraChoice, ...] = ()  # the adapters the request names
     audio: bool | None = None  # a model with a soundtrack: decode it (None: the model's default)
+    # (width, height) of each reference image of an edit (/v1/images/edits), in upload order.
+    reference_sizes: tuple[tuple[int, int], ...] = ()
+
+
+def reference_image_input(index: int) -> str:
+    """The runtime input (and request tensor) holding an edit's reference image `index`, uint8 [H, W, 3]."""
+    return f"reference_{index}"
 
 
 # Labels: the streams of one request in a packed step (its conditioned pass, and the unconditioned
@@ -184,6 +191,8 @@ class ModelSpec(ABC):
     lora_keys: LoraKeyRules | None = None
     # A "video+audio" model's final walk also leaves this: float [channels, samples] in [-1, 1].
     audio_tensor: str = "audio"
+    # How many reference images an edit may give (/v1/images/edits); 0: the model makes no edits.
+    max_reference_images: int = 0
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:
