@@ -66,9 +66,11 @@ def test_the_spec_and_its_geometry_count_the_same_step_tokens(name):
     spec = get_model_spec(name)
     without = {spec.geometry.labels(g) for g in (0.0, 1.0)}  # no guidance, in one rule or another
     guided = spec.geometry.labels(5.0)
-    # guidance adds the unconditional pass (a family may add its own after it, as LTX-2's modality
-    # pass); a step-distilled checkpoint ignores guidance
-    assert (COND,) in without and (guided == (COND,) or guided[:2] == (COND, UNCOND))
+    # the conditioned pass leads; guidance adds the unconditional one after it (a family may add
+    # its own: LTX-2's audio guidance keeps "uncond" at any video scale, then a modality pass); a
+    # step-distilled checkpoint ignores guidance
+    assert all(labels[0] == COND for labels in without)
+    assert guided == (COND,) or guided[:2] == (COND, UNCOND)
     for guidance in (0.0, 1.0, 5.0):
         params = spec.validate(GenerationParams(prompt="p", guidance_scale=guidance, seed=1))
         labels = spec.geometry.labels(params.guidance_scale)
