@@ -82,6 +82,11 @@ class LTX2Spec(ModelSpec):
     def size_multiple(self) -> int:
         return self.config.defaults.size_multiple
 
+    @property
+    def min_steps(self) -> int:
+        """Two with the terminal shift (one step would end on the shifted sigma), else one."""
+        return geometry.MIN_STEPS if self.config.scheduler.shift_terminal else 1
+
     def limits(self) -> dict[str, Any]:
         d, m = self.config.defaults, self.size_multiple
         return {
@@ -94,6 +99,7 @@ class LTX2Spec(ModelSpec):
             **sampling_limits(d.num_inference_steps, MAX_STEPS, d.guidance_scale, MAX_GUIDANCE, MAX_PROMPT_CHARS),
             "input_reference": {"optional": True, "kind": "image"},
             "audio": {"default": True, "sample_rate": self.config.vocoder.output_sampling_rate},
+            "num_inference_steps": range_limit(d.num_inference_steps, self.min_steps, MAX_STEPS),
         }  # fmt: skip
 
     def validate(self, params: GenerationParams) -> LTX2Params:
@@ -128,7 +134,7 @@ class LTX2Spec(ModelSpec):
         return multiple_in(field, value, default, self.size_multiple, MAX_SIDE, self.size_multiple)
 
     def _steps(self, value: Any) -> int:
-        minimum = geometry.MIN_STEPS if self.config.scheduler.shift_terminal else 1
+        minimum = self.min_steps
         return int_in(
             "num_inference_steps", value, self.config.defaults.num_inference_steps, minimum, MAX_STEPS
         )
