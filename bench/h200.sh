@@ -2,15 +2,16 @@
 # mstar against diffusers on one GPU, in named phases; run from the project root.
 #
 #   bash bench/h200.sh baseline [wan|zimage]  diffusers' pipelines end to end, eager and compiled   ~7 min
-#   bash bench/h200.sh step wan|zimage        our DiT step against diffusers' DiT, eager and
+#   bash bench/h200.sh step MODEL             our DiT step against diffusers' DiT, eager and
 #                                             compiled, same weights: ms, roofline, PSNR  ~8 / ~4 min
-#   bash bench/h200.sh serve wan|zimage       our server end to end (random weights): c=1 p50,
+#   bash bench/h200.sh serve MODEL            our server end to end (random weights): c=1 p50,
 #                                             per minute at c=N, peak GiB, the first request at a
 #                                             size not compiled at warmup against its steady one,
 #                                             recompiles in traffic                       ~8 / ~5 min
-#   bash bench/h200.sh parity wan|zimage      our nodes against the pipeline on one folder it wrote
+#   bash bench/h200.sh parity MODEL           our nodes against the pipeline on one folder it wrote
 #                                             (random weights): frames PSNR before any encoding   ~5 min
-#   bash bench/h200.sh all                    every phase above, one after another
+#   bash bench/h200.sh all                    every phase above for wan and zimage, one after another
+# MODEL: wan, zimage, flux2, ltx2, cosmos3 (no parity for cosmos3 yet); times above are wan / zimage
 # then, where the results came back:
 #   mstar bench report bench-results/bench    (rewrites docs/benchmarks.md's tables from the JSON)
 #
@@ -114,7 +115,10 @@ step() {  # step wan|zimage: our DiT (deterministic) against diffusers' eager an
   case "$1" in
     wan) workloads=wan-480p-cfg,wan-720p-b1 ;;
     zimage) workloads=zimage-1024-b1 ;;
-    *) echo "step: wan or zimage" >&2; return 2 ;;
+    flux2) workloads=flux2-1024-b1 ;;
+    ltx2) workloads=ltx2-512p-guided ;;
+    cosmos3) workloads=cosmos3-480p-cfg ;;
+    *) echo "step: wan, zimage, flux2, ltx2 or cosmos3" >&2; return 2 ;;
   esac
   start_budget
   guarded "step-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench step --workloads "$workloads" \
@@ -128,7 +132,9 @@ parity() {  # parity wan|zimage: the pipeline's folder (real config, random weig
   case "$1" in
     wan) served=wan2.2-ti2v-5b ;;
     zimage) served=z-image-turbo ;;
-    *) echo "parity: wan or zimage" >&2; return 2 ;;
+    flux2) served=flux2-klein-4b ;;
+    ltx2) served=ltx-2 ;;
+    *) echo "parity: wan, zimage, flux2 or ltx2" >&2; return 2 ;;
   esac
   start_budget
   guarded "parity-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench parity "$served" --device cuda \
@@ -164,7 +170,19 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
       served=z-image-turbo workload=zimage-1024 compile_size=1024x1024
       suite_args=(--num-steady 5 --high-concurrency 8 --num-high 16 --num-mixed 0
         --company-sizes 768x1024,768x1024 --new-size 768x1344 --new-size-settle 30) ;;
-    *) echo "serve: wan, zimage (or tiny, on the CPU)" >&2; return 2 ;;
+    flux2)
+      served=flux2-klein-4b workload=flux2-1024 compile_size=1024x1024
+      suite_args=(--num-steady 3 --high-concurrency 8 --num-high 16 --num-mixed 0 --new-size 768x1344
+        --new-size-settle 30) ;;
+    ltx2)
+      served=ltx-2 workload=ltx2-512p-t2v compile_size=768x512x121
+      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 4 --num-mixed 0 --new-size 512x768
+        --new-size-settle 60) ;;
+    cosmos3)
+      served=cosmos3-edge workload=cosmos3-480p-t2v compile_size=832x480x121
+      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 4 --num-mixed 0 --new-size 480x832
+        --new-size-settle 60) ;;
+    *) echo "serve: wan, zimage, flux2, ltx2, cosmos3 (or tiny, on the CPU)" >&2; return 2 ;;
   esac
   if [ "$name" = tiny ]; then require fastapi uvicorn msgspec zmq; else require fastapi uvicorn msgspec zmq av $(attention_module); fi
   start_budget

@@ -154,6 +154,14 @@ class GenerationParams:
     seed: int | None = None
     has_input_reference: bool = False
     lora: tuple[LoraChoice, ...] = ()  # the adapters the request names
+    audio: bool | None = None  # a model with a soundtrack: decode it (None: the model's default)
+    # (width, height) of each reference image of an edit (/v1/images/edits), in upload order.
+    reference_sizes: tuple[tuple[int, int], ...] = ()
+
+
+def reference_image_input(index: int) -> str:
+    """The runtime input (and request tensor) holding an edit's reference image `index`, uint8 [H, W, 3]."""
+    return f"reference_{index}"
 
 
 # Labels: the streams of one request in a packed step (its conditioned pass, and the unconditioned
@@ -181,6 +189,10 @@ class ModelSpec(ABC):
     streams_text_encoder: bool = False
     # The family's LoRA key layouts (its lora_keys.py); None: requests name no adapters
     lora_keys: LoraKeyRules | None = None
+    # A "video+audio" model's final walk also leaves this: float [channels, samples] in [-1, 1].
+    audio_tensor: str = "audio"
+    # How many reference images an edit may give (/v1/images/edits); 0: the model makes no edits.
+    max_reference_images: int = 0
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:
@@ -204,6 +216,10 @@ class ModelSpec(ABC):
         """Validated params the runtime sends through the whole walk at boot, before /ready, so no
         first request pays a first call (one per configured size); none by default."""
         return []
+
+    def audio_sample_rate(self, params: RequestParams) -> int | None:
+        """The sample rate of the request's audio track (`audio_tensor`), None when it has none."""
+        return None
 
     def step_tokens(self, params: RequestParams) -> int | None:
         """The most a validated request can add to one denoise step (tokens times guidance labels),

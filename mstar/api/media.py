@@ -273,6 +273,8 @@ def warm_up_encoders(output_kind: str) -> None:
     encode_image(frames[0])
     if output_kind == "video":
         encode_mp4(frames, fps=8)
+    if output_kind == "video+audio":
+        encode_mp4(frames, fps=8, audio=np.zeros((2, 4000), dtype=np.float32), audio_sample_rate=16000)
 
 
 def decode_mp4(data: bytes) -> Any:

@@ -124,9 +124,15 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
 
-def _nest_form_fields(items: Any) -> dict[str, Any]:
+def _nest_form_fields(items: Any, list_fields: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`field[key]` values nested; a field of `list_fields` sent once or many times (as `field`
+    or `field[]`, the openai client's name for a list) becomes a list."""
     fields: dict[str, Any] = {}
     for key, value in items:
+        name = key.removesuffix("[]")
+        if name in list_fields:
+            fields.setdefault(name, []).append(value)
+            continue
         match = NESTED_FORM_KEY.match(key)
         if match is None:
             fields[key] = value
@@ -140,12 +146,15 @@ def _nest_form_fields(items: Any) -> dict[str, Any]:
     return fields
 
 
-async def read_fields(request: Request) -> dict[str, Any]:
-    """The body as a dict of fields: JSON object, multipart or url-encoded form (uploads stay files)."""
+async def read_fields(
+    request: Request, max_files: int = 1, list_fields: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The body as a dict of fields: JSON object, multipart or url-encoded form (uploads stay
+    files; `list_fields` of a form are lists, see _nest_form_fields)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
-        return _nest_form_fields(form.items())
+        form = await request.form(max_files=max_files, max_fields=MAX_FORM_FIELDS)
+        return _nest_form_fields(form.multi_items(), list_fields)
     if content_type not in ("", "application/json"):
         raise ApiError(
             415,

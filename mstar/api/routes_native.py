@@ -18,9 +18,9 @@ from fastapi.responses import StreamingResponse
 from mstar.api.errors import GENERIC_INTERNAL_MESSAGE, ApiError, error_body
 from mstar.api.media import IMAGE_MEDIA_TYPES, VIDEO_MEDIA_TYPE, encode_image
 from mstar.api.middleware import read_fields
-from mstar.api.routes_videos import mux_video, read_reference
+from mstar.api.routes_videos import audio_track, mux_video, read_reference
 from mstar.api.schemas import NativeGenerateRequest
-from mstar.api.service import Generator, Submitted
+from mstar.api.service import Generator, Submitted, route_kind
 from mstar.api.state import server_state
 
 logger = logging.getLogger("mstar.api")
@@ -39,9 +39,12 @@ def encode_image_media(frames: Any, output_format: str) -> tuple[bytes, str]:
 async def _output(generator: Generator, item: Submitted, output_format: str, on_progress) -> dict[str, Any]:
     """One request's output line fields: the media encoded in a thread; a video's MP4
     muxed as its frames come (routes_videos.mux_video)."""
-    if generator.spec.output_kind == "video":
+    extra: dict[str, Any] = {}
+    if route_kind(generator.spec.output_kind) == "video":
         data, writer = await mux_video(generator, item, on_progress)
         media_type, num_frames, (height, width) = VIDEO_MEDIA_TYPE, writer.num_frames, writer.frame_size
+        audio = audio_track(generator.spec, item.params)
+        extra = {} if audio is None else {"audio": audio}
     else:
         frames = await generator.frames(item, on_progress)
         data, media_type = await asyncio.to_thread(encode_image_media, frames, output_format)
@@ -52,6 +55,7 @@ async def _output(generator: Generator, item: Submitted, output_format: str, on_
         "height": int(height),
         "num_frames": int(num_frames),
         "seed": item.params.seed,
+        **extra,
         "data": base64.b64encode(data).decode("ascii"),
     }
 
@@ -115,8 +119,9 @@ async def generate(request: Request) -> StreamingResponse:
     reference_field = fields.pop("input_reference", None)
     body = NativeGenerateRequest.model_validate(fields)
     generator = state.generator
-    generator.check_model(body.model, state.spec.output_kind)
-    if body.output_format is not None and state.spec.output_kind == "video":
+    kind = route_kind(state.spec.output_kind)
+    generator.check_model(body.model, kind)
+    if body.output_format is not None and kind == "video":
         raise ApiError(400, "output_format applies to image models (videos are MP4)", param="output_format")
     reference = await read_reference(reference_field)
     has_reference = reference is not None
@@ -126,6 +131,6 @@ async def generate(request: Request) -> StreamingResponse:
     ]
     generator.check_ready()
     inputs = {"input_reference": reference} if has_reference else None
-    stream_frames = state.spec.output_kind == "video" and state.config.stream_video_frames
+    stream_frames = kind == "video" and state.config.stream_video_frames
     submitted = generator.submit_many(many_params, inputs, stream_frames=stream_frames)
     return StreamingResponse(_stream(generator, submitted, body.output_format or "png"), media_type=NDJSON)

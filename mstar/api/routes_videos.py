@@ -74,6 +74,16 @@ def _describe(body: VideoCreateRequest, params: VideoParams) -> tuple[str, str]:
     return size, seconds
 
 
+def audio_track(spec: Any, params: VideoParams) -> dict[str, Any] | None:
+    """The job's soundtrack as the job object shows it: sample rate and duration (the muxed track
+    is cut or padded to the video's), None for a silent video."""
+    sample_rate = spec.audio_sample_rate(params)
+    if sample_rate is None:
+        return None
+    num_samples = round(params.num_frames * sample_rate / params.fps)
+    return {"sample_rate": sample_rate, "seconds": num_samples / sample_rate, "codec": "aac"}
+
+
 def poll_after_ms(job: VideoJob) -> int:
     """The poll hint of a job that has not finished (the rule above MAX_POLL_AFTER_MS)."""
     if job.num_steps_done < 2 or job.num_steps_done >= job.num_steps:
@@ -114,8 +124,11 @@ async def mux_video(
     timeline: MuxTimeline | None = None,
 ) -> tuple[bytes, Mp4Writer]:
     """Follow a video request to its MP4 (and the writer, which knows the frames' count and size).
-    Frames the model sends in pieces are muxed as they come, in a thread; whole frames at the end."""
-    writer = Mp4Writer(int(getattr(submitted.params, "fps", 0) or DEFAULT_FPS))
+    Frames the model sends in pieces are muxed as they come, in a thread; whole frames at the end;
+    a soundtrack (the spec's audio_tensor) at the end, as its AAC track."""
+    fps = int(getattr(submitted.params, "fps", 0) or DEFAULT_FPS)
+    audio_sample_rate = generator.spec.audio_sample_rate(submitted.params)
+    writer = Mp4Writer(fps, audio_sample_rate)
     timeline = timeline or MuxTimeline(time.perf_counter())
 
     async def on_piece(frames: Any) -> None:  # a clip's frames as its chunks decode: mux them now
@@ -128,6 +141,8 @@ async def mux_video(
         encode_started = timeline.outputs = time.perf_counter()
         if writer.num_frames == 0:  # the model sent its frames whole
             await asyncio.to_thread(writer.write, generator.media_tensor(outputs))
+        if audio_sample_rate is not None:
+            await asyncio.to_thread(writer.write_audio, generator.audio_tensor(outputs))
         content = await asyncio.to_thread(writer.finish)
         timeline.ready = time.perf_counter()
         generator.metrics.observe_media_encode("mp4", timeline.ready - encode_started)
@@ -188,6 +203,7 @@ async def create_video(request: Request) -> JSONResponse:
         size=size,
         seconds=seconds,
         request_id=submitted.handle.request_id,
+        audio=audio_track(state.spec, params),
     )
     job.task = asyncio.create_task(run_job(state, job, submitted, arrived))
     return JSONResponse(job.to_json(), headers={"openai-poll-after-ms": str(poll_after_ms(job))})

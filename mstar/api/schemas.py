@@ -135,6 +135,27 @@ class ImageGenerationRequest(_GenerationFields):
         return self._shared_params(self.size, seed=seed)
 
 
+class ImageEditRequest(_GenerationFields):
+    """POST /v1/images/edits; `image` / `image[]` (and JSON `images`) are read by the route."""
+
+    n: Int = Field(1, ge=1, le=MAX_N)
+    size: str | None = None
+    response_format: Literal["b64_json", "url"] | None = None
+    output_format: Literal["png", "jpeg", "webp"] | None = None
+    output_compression: Int | None = Field(None, ge=0, le=100)
+    stream: Literal[False] | None = None  # streamed partial images are not made
+    partial_images: Literal[0] | None = None
+    # OpenAI fields accepted for compatibility; they do not change the output.
+    quality: str | None = None
+    background: Literal["auto", "opaque"] | None = None
+    input_fidelity: str | None = None
+
+    def generation_params(
+        self, seed: int | None, reference_sizes: tuple[tuple[int, int], ...]
+    ) -> GenerationParams:
+        return self._shared_params(self.size, seed=seed, reference_sizes=reference_sizes)
+
+
 class VideoCreateRequest(_GenerationFields):
     """POST /v1/videos (JSON or multipart). `input_reference` is handled by the route (file or JSON)."""
 
@@ -142,6 +163,7 @@ class VideoCreateRequest(_GenerationFields):
     seconds: str | None = None
     fps: Int | None = Field(None, ge=1, le=240)
     num_frames: Int | None = Field(None, ge=1, le=100_000)
+    audio: bool | None = None  # a model with a soundtrack: false skips it (and its decode)
     input_reference: Any = None
 
     @field_validator("seconds", mode="before")
@@ -160,6 +182,7 @@ class VideoCreateRequest(_GenerationFields):
             fps=self.fps,
             seconds=parse_seconds(self.seconds),
             has_input_reference=has_input_reference,
+            audio=self.audio,
         )
 
 

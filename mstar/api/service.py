@@ -97,6 +97,11 @@ def _lora_catalog(lora_dir: str | None) -> LoraCatalog | None:
     return LoraCatalog(lora_dir, LORA_KEY_RULES)
 
 
+def route_kind(output_kind: str) -> str:
+    """The media a model's route makes: a video with a soundtrack is still a video."""
+    return "video" if output_kind == "video+audio" else output_kind
+
+
 def random_seed() -> int:
     return secrets.randbelow(2**31)
 
@@ -113,7 +118,7 @@ class Generator:
         """404 for a model not served here; 400 when the route's media kind is not the model's."""
         if model is not None and model != self.spec.name:
             raise UnknownModel(model, [self.spec.name])
-        if self.spec.output_kind != output_kind:
+        if route_kind(self.spec.output_kind) != output_kind:
             raise ApiError(
                 400,
                 f"model '{self.spec.name}' is {self.spec.task}; this route makes {output_kind}s",
@@ -214,6 +219,13 @@ class Generator:
         if frames is None:
             raise failure_error("error", f"outputs lack '{self.spec.output_tensor}': {sorted(outputs)}")
         return frames
+
+    def audio_tensor(self, outputs: dict[str, Any]) -> Any:
+        """The model's soundtrack, float [channels, samples] (models with audio only)."""
+        audio = outputs.get(self.spec.audio_tensor)
+        if audio is None:
+            raise failure_error("error", f"outputs lack '{self.spec.audio_tensor}': {sorted(outputs)}")
+        return audio
 
     async def frames_of_all(self, submitted: list[Submitted]) -> list[Any]:
         """Every request's frames; a client that goes away aborts them all."""

@@ -39,6 +39,7 @@ class VideoJob:
     expires_at: float | None = None
     error: dict[str, Any] | None = None
     content: bytes | None = None
+    audio: dict[str, Any] | None = None  # the soundtrack: sample_rate, seconds, codec
     task: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -64,6 +65,7 @@ class VideoJob:
             "size": self.size,
             "remixed_from_video_id": None,
             "error": self.error,
+            **({"audio": self.audio} if self.audio is not None else {}),
         }
 
 

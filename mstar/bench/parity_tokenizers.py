@@ -93,3 +93,27 @@ def qwen_tokenizer() -> Any:
     )
     tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
     return tokenizer
+
+
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")  # ids 0-4 as in Gemma's vocabulary
+
+
+def gemma_tokenizer(model_max_length: int = 1024) -> Any:
+    """A GemmaTokenizerFast (BPE with byte fallback, "▁" for spaces, <bos> first): the special
+    ids, the 256 byte tokens, the letters and the frequent words, merged left to right."""
+    from transformers import GemmaTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(GEMMA_SPECIALS)}
+    for byte in range(256):
+        vocab[f"<0x{byte:02X}>"] = len(vocab)
+    for char in SPACE + string.ascii_lowercase:
+        vocab.setdefault(char, len(vocab))
+    merges = []
+    for word in (SPACE + w for w in WORDS):
+        for end in range(2, len(word) + 1):
+            if word[:end] not in vocab:
+                merges.append((word[: end - 1], word[end - 1]))
+                vocab[word[:end]] = len(vocab)
+    tokenizer = GemmaTokenizerFast(vocab=vocab, merges=merges, add_bos_token=True)
+    tokenizer.model_max_length = model_max_length
+    return tokenizer

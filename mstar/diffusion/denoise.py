@@ -198,6 +198,22 @@ class DenoiseNode(Node):
             condition=state.condition,
         )
 
+    def release(self, request: RequestState) -> None:
+        """Drop the request's loop state; a pipeline holding resources per request (pages of a KV
+        pool) gets them back through its `release(state)`, on finish, failure and cancel alike."""
+        state = request.state.pop(self.name, None)
+        release = getattr(self.pipeline, "release", None)
+        if state is not None and release is not None:
+            release(state)
+
+    def event_counts(self) -> dict[str, int]:
+        counts = getattr(self.pipeline, "event_counts", None)
+        return {} if counts is None else counts()
+
+    def gauges(self) -> dict[str, float]:
+        gauges = getattr(self.pipeline, "gauges", None)
+        return {} if gauges is None else gauges()
+
     def check_stop(self, request: RequestState) -> bool:
         state = request.state.get(self.name)
         return state is not None and state.sampler.done

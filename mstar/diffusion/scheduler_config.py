@@ -1,6 +1,7 @@
 """A diffusers UniPCMultistepScheduler config (scheduler/scheduler_config.json) as a typed value.
 
-No torch here (model configs read it in the API process). `UniPCSampler.from_config` turns it into
+No torch here (model configs read it in the API process). Every UniPC family reads its folder
+through this one type (Wan2.2, Cosmos3). `UniPCSampler.from_config` turns it into
 a per-request sampler; settings our sampler does not implement are refused when the file is read,
 naming the key, so a checkpoint never runs on a silently different schedule.
 
@@ -75,7 +76,11 @@ class UniPCConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> UniPCConfig:
-        """From a scheduler_config.json dict; `_`-prefixed metadata is skipped."""
+        """From a scheduler_config.json dict; `_`-prefixed metadata is skipped, but a file of another
+        scheduler class is refused."""
+        name = raw.get("_class_name", "UniPCMultistepScheduler")
+        if name != "UniPCMultistepScheduler":
+            raise ValueError(f"scheduler config: {name} is not supported (UniPCMultistepScheduler is)")
         fields = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
         for key, value in raw.items():

@@ -25,12 +25,23 @@ class Registered:
 
 
 QWEN3_BENCH = "mstar.models.qwen3.bench:Qwen3Bench"  # one entry for every registered Qwen3 size
+COSMOS3_BENCH = "mstar.models.cosmos3.bench:Cosmos3Bench"
+FLUX2_KLEIN = "mstar.models.flux2_klein.model:{}"
+FLUX2_KLEIN_BENCH = "mstar.models.flux2_klein.bench:Flux2KleinBench"  # one entry for every klein name
 MODELS: dict[str, Registered] = {
     "tiny-digits": Registered("mstar.models.tiny_digits.model:TinyDigitsSpec"),
     "wan2.2-ti2v-5b": Registered("mstar.models.wan22.model:Wan22Spec", "mstar.models.wan22.bench:WanBench"),
     "z-image-turbo": Registered(
         "mstar.models.zimage.model:ZImageSpec", "mstar.models.zimage.bench:ZImageBench"
     ),
+    "cosmos3-edge": Registered("mstar.models.cosmos3.model:Cosmos3Spec", COSMOS3_BENCH),
+    "cosmos3-nano": Registered("mstar.models.cosmos3.model:Cosmos3NanoSpec", COSMOS3_BENCH),
+    "tiny-cosmos3": Registered("mstar.models.cosmos3.model:TinyCosmos3Spec"),
+    "ltx-2": Registered("mstar.models.ltx2.model:LTX2Spec", "mstar.models.ltx2.bench:LTX2Bench"),
+    "flux2-klein-4b": Registered(FLUX2_KLEIN.format("Flux2KleinSpec"), FLUX2_KLEIN_BENCH),
+    "flux2-klein-9b": Registered(FLUX2_KLEIN.format("Flux2Klein9BSpec"), FLUX2_KLEIN_BENCH),
+    "flux2-klein-base-4b": Registered(FLUX2_KLEIN.format("Flux2KleinBase4BSpec"), FLUX2_KLEIN_BENCH),
+    "flux2-klein-base-9b": Registered(FLUX2_KLEIN.format("Flux2KleinBase9BSpec"), FLUX2_KLEIN_BENCH),
     "tiny-chat": Registered("mstar.models.tiny_chat.model:TinyChatSpec", QWEN3_BENCH),
     "qwen3": Registered("mstar.models.qwen3.model:Qwen3Spec", QWEN3_BENCH),
     "qwen3-0.6b": Registered("mstar.models.qwen3.model:Qwen3_0_6BSpec", QWEN3_BENCH),

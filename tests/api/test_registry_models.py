@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from mstar.api.service import route_kind
 from mstar.models.registry import get_model_spec, model_names
 from tests.api.conftest import build_client
 
 SMALL_REQUEST = {
     "image": ("/v1/images/generations", {"prompt": "a 7", "num_inference_steps": 1, "seed": 1}),
-    "video": ("/v1/videos", {"prompt": "a cat", "num_inference_steps": 1, "num_frames": 5, "size": "64x64"}),
+    "video": ("/v1/videos", {"prompt": "a cat", "num_inference_steps": 1, "num_frames": 9, "size": "64x64"}),
 }
 
 
@@ -29,12 +30,14 @@ def test_registered_model_behind_the_api(name):
         check_text_model(client, name, spec)
         return
     with client:
-        path, body = SMALL_REQUEST[spec.output_kind]
-        response = client.post(path, json={**body, "model": name})
+        kind = route_kind(spec.output_kind)
+        path, body = SMALL_REQUEST[kind]
+        steps = spec.limits()["num_inference_steps"]["min"]  # LTX-2's terminal shift needs two
+        response = client.post(path, json={**body, "model": name, "num_inference_steps": steps})
         assert response.status_code == 200, response.text
         params, _ = runtime.submitted[-1]
-        assert params.num_inference_steps == 1
-        other_kind = "video" if spec.output_kind == "image" else "image"
+        assert params.num_inference_steps == steps
+        other_kind = "video" if kind == "image" else "image"
         other_path, other_body = SMALL_REQUEST[other_kind]
         refused = client.post(other_path, json=other_body)
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "unsupported_mode"

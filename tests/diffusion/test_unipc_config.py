@@ -69,3 +69,13 @@ def test_unknown_keys_and_missing_flow_settings_are_refused():
         UniPCConfig.from_dict({"num_train_timesteps": 1000})
     with pytest.raises(ValueError, match="sigma_min"):
         UniPCConfig.from_dict({**WAN_UNIPC_CONFIG, "use_karras_sigmas": True})
+
+
+def test_one_config_type_reads_every_family_folder():
+    """Wan2.2's published scheduler_config.json gives Wan's built-in default, through the same
+    type Cosmos3 reads; a file of another scheduler class is refused."""
+    from mstar.models.wan22.config import WAN22_SCHEDULER_CONFIG, Wan22Config
+
+    assert UniPCConfig.from_dict(WAN22_SCHEDULER_CONFIG) == Wan22Config().scheduler
+    with pytest.raises(ValueError, match="FlowMatchEulerDiscreteScheduler"):
+        UniPCConfig.from_dict({**WAN_UNIPC_CONFIG, "_class_name": "FlowMatchEulerDiscreteScheduler"})

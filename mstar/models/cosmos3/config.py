@@ -215,3 +215,23 @@ class Cosmos3Config:
             pipeline=Cosmos3PipelineFlags.from_model_index(model_index),
             recipe=recipe,
         )
+
+
+def tiny_cosmos3_config() -> Cosmos3Config:
+    """A kilobytes-small Cosmos3 for CPU tests: the Edge-like backbone at 2 layers of 64 (4 query
+    and 2 key-value heads of 16), the tiny Wan VAE (16 latent channels), Edge's pipeline flags."""
+    from mstar.models.wan22.config import tiny_wan22_config
+
+    transformer = dataclasses.replace(
+        EDGE_TRANSFORMER, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_axes_dim=(4, 2, 2),
+        latent_channel=16, patch_latent_dim=64, vocab_size=264,
+    )  # fmt: skip
+    recipe = Cosmos3Recipe(
+        video_width=32, video_height=32, num_frames=5, image_width=32, image_height=32,
+        num_inference_steps=3, guidance_scale=6.0, flow_shift=None,
+    )  # fmt: skip
+    vae = WanVAEConfig.from_dict(tiny_wan22_config().vae)
+    return Cosmos3Config(
+        transformer=transformer, scheduler=UniPCConfig(flow_shift=3.0), vae=vae, recipe=recipe
+    )

@@ -118,3 +118,11 @@ def understanding_flops(config: Cosmos3TransformerConfig, num_prefix_tokens: int
 def step_flops(config: Cosmos3TransformerConfig, num_vision_tokens: int, prefix_lens: tuple[int, ...]) -> int:
     """One denoise step of one request: a generation forward per label (its prefix lengths)."""
     return sum(generation_flops(config, num_vision_tokens, length) for length in prefix_lens)
+
+
+class Cosmos3Geometry:
+    """The spec's geometry (what the scaffold asks of every family): the guidance rule."""
+
+    @staticmethod
+    def labels(guidance_scale: float) -> tuple[str, ...]:
+        return guidance_labels(guidance_scale)

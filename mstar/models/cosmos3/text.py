@@ -104,3 +104,41 @@ def prompt_token_ids(tokenizer: Any, request: PromptRequest, use_system_prompt: 
             tokenizer, augmented_text(request, negative=True), request.is_image, use_system_prompt
         ),
     )
+
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", VISION_START_TOKEN, "<|vision_end|>")
+# A Qwen-style chat template: system and user turns, then the assistant's opening.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def offline_tokenizer() -> Any:
+    """A byte-level BPE tokenizer built here, with no files (random-weight serving, tests): one id
+    per byte (0-255), then the special tokens, the chat template the pipeline applies. Its ids fit
+    every Cosmos3 vocabulary; they are not the published tokenizer's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    alphabet, extra = [], 0
+    for byte in range(256):  # GPT-2's byte -> printable character map
+        alphabet.append(chr(byte) if byte in printable else chr(256 + extra))
+        extra += byte not in printable
+    vocab = {char: index for index, char in enumerate(alphabet)}
+    for token in SPECIAL_TOKENS:
+        vocab[token] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=SPECIAL_TOKENS[0], pad_token=SPECIAL_TOKENS[0],
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+    )  # fmt: skip
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

@@ -62,6 +62,7 @@ class PackedVision:
 class Cosmos3Transformer(nn.Module):
     # Kept in float32 when the model runs in bf16 (diffusers' _keep_in_fp32_modules).
     fp32_param_patterns = ("time_embedder",)
+    compiled_methods = ("run_generation_layers",)  # the layer stack, pack length dynamic
     # Checkpoint tensors we do not build: the reasoner's LM head and final norm, the sound and
     # action heads (modes refused). "norm.weight" matches only the top-level norm: every layer's
     # norm weights are ours, and only tensors we lack are checked against these.
@@ -81,6 +82,14 @@ class Cosmos3Transformer(nn.Module):
         self.rotary = MultimodalRotary(config)
         self.num_understanding_forwards = 0  # counts understand() calls (tests, metrics)
         self._rotary_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """diffusers' full state dict: tensors of the parts we do not build are skipped (only keys
+        we lack, so a missing or misnamed tensor of ours still fails a strict load)."""
+        own = set(self.state_dict().keys())
+        patterns = self.unused_checkpoint_patterns
+        kept = {k: v for k, v in state_dict.items() if k in own or not k.startswith(patterns)}
+        return super().load_state_dict(kept, strict=strict, assign=assign)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -141,13 +141,16 @@ class PackedTokens:
         both = torch.cat([txt, img])
         return both if self.maps.joint_order is None else both[self.maps.joint_order]
 
-    def streams(self, joint: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The joint order -> (text-stream rows, image-stream rows)."""
+    def streams(self, joint: torch.Tensor, num_text: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The joint order -> (text-stream rows, image-stream rows). num_text: the text stream's
+        rows, read from a tensor's shape by the caller (a compiled graph keeps it symbolic)."""
         both = joint if self.maps.stream_order is None else joint[self.maps.stream_order]
-        return both[: self.num_text], both[self.num_text :]
+        return both[:num_text], both[num_text:]
 
 
 class Flux2DiT(nn.Module):
+    compiled_methods = ("run_blocks",)  # both stacks, pack length dynamic (mstar.models.scaffold)
+
     def __init__(self, config: TransformerConfig):
         super().__init__()
         if sum(config.axes_dims_rope) != config.attention_head_dim:
@@ -258,7 +261,7 @@ class Flux2DiT(nn.Module):
         rows = self._item_rows(items)
         txt = self.context_embedder(torch.cat([item.text.to(dtype) for item in items]))
         img = self.x_embedder(torch.cat([self._image_tokens(item, dtype) for item in items]))
-        joint = self._blocks(txt, img, rows, packed, attn)
+        joint = self.run_blocks(txt, img, rows, packed, attn)
         out = self.norm_out(joint[packed.maps.output_rows], rows.output, packed.maps.output_item)
         velocity = self.proj_out(out).split([t.num_output for t in packed.tokens])
         return [self._unpatchify(v, item) for v, item in zip(velocity, items, strict=True)]
@@ -287,7 +290,7 @@ class Flux2DiT(nn.Module):
 
         return ItemRows(image=stacked(0), text=stacked(1), single=stacked(2), output=stacked(3))
 
-    def _blocks(self, txt, img, rows: ItemRows, packed: PackedTokens, attn) -> torch.Tensor:
+    def run_blocks(self, txt, img, rows: ItemRows, packed: PackedTokens, attn) -> torch.Tensor:
         """Double-stream then single-stream blocks; returns the joint tokens [T, dim]."""
         maps = packed.maps
         img_mod = [per_token(r, maps.image_item) for r in rows.image]

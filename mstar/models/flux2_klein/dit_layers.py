@@ -140,7 +140,7 @@ class JointAttention(nn.Module):
         query = apply_rotary(query, packed.cos, packed.sin)
         key = apply_rotary(key, packed.cos, packed.sin)
         out = attn.run(packed.label, query, key, value).flatten(1).to(query.dtype)  # [T, H * D]
-        txt_out, img_out = packed.streams(out)
+        txt_out, img_out = packed.streams(out, txt.shape[0])
         return self.to_add_out(txt_out), self.to_out[0](img_out)
 
 

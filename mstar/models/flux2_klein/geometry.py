@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mstar.models.geometry import Segment
+
 COND, UNCOND = "cond", "uncond"  # the labels of mstar.diffusion.denoise
 
 PATCH_SIZE = 2  # the pipeline's 2x2 latent patchify (VAE patch_size)
@@ -149,3 +151,45 @@ def step_tokens(
 def step_cost_tokens(tokens: StepTokens, num_labels: int) -> int:
     """Tokens a request adds to a packed DiT step (every label is its own segment)."""
     return tokens.num_tokens * num_labels
+
+
+@dataclass(frozen=True)
+class Flux2KleinGeometry:
+    """The geometry of one checkpoint (its VAE scale, prompt length and guidance rule), as the
+    spec, the pipeline, the bench and the FLOP counter read it."""
+
+    vae_scale: int
+    max_sequence_length: int
+    is_distilled: bool
+
+    @classmethod
+    def of(cls, config) -> Flux2KleinGeometry:
+        """config: a Flux2KleinConfig (not imported here: the config module is light, but this keeps
+        the geometry free of it)."""
+        return cls(config.vae.spatial_scale, config.max_sequence_length, config.is_distilled)
+
+    @property
+    def size_multiple(self) -> int:
+        return pixel_granularity(self.vae_scale)
+
+    def latent_grid(self, width: int, height: int) -> tuple[int, int]:
+        """(rows, cols) of an output of width x height pixels."""
+        return latent_grid(height, width, self.vae_scale)
+
+    def labels(self, guidance_scale: float) -> tuple[str, ...]:
+        return guidance_labels(guidance_scale, self.is_distilled)
+
+    def tokens(self, width: int, height: int, reference_sizes=()) -> StepTokens:
+        """One label's tokens; reference_sizes: (width, height) of each reference as uploaded."""
+        return step_tokens(height, width, list(reference_sizes), self.max_sequence_length, self.vae_scale)
+
+    def step_tokens(self, width: int, height: int, guidance_scale: float, reference_sizes=()) -> int:
+        """The most a request adds to one step: its joint tokens times its labels."""
+        tokens = self.tokens(width, height, reference_sizes)
+        return step_cost_tokens(tokens, len(self.labels(guidance_scale)))
+
+    def segments(self, width: int, height: int, guidance_scale: float, reference_sizes=()) -> list[Segment]:
+        """The request's segments of a packed step (one per label): image tokens (output and
+        references) and the padded prompt."""
+        tokens = self.tokens(width, height, reference_sizes)
+        return [Segment(tokens.num_image, tokens.num_text)] * len(self.labels(guidance_scale))

@@ -1,4 +1,4 @@
-"""The Qwen3 prompt encoder as Flux2KleinPipeline reads it, and the `text_encoder` node.
+"""The Qwen3 prompt encoder as Flux2KleinPipeline reads it (the `text_encoder` node holds one).
 
 The pipeline renders each prompt as one user turn of the chat template with a generation
 prompt and thinking disabled, pads it (right, with the pad token) and truncates it to 512
@@ -20,8 +20,6 @@ import torch
 
 from mstar.engine.transfer import to_device
 from mstar.models.flux2_klein.config import MAX_SEQUENCE_LENGTH, TEXT_ENCODER_OUT_LAYERS
-from mstar.models.flux2_klein.geometry import DEFAULT_GUIDANCE_SCALE, uses_guidance
-from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS, PromptEmbedsNode
 
 # What Qwen3's chat template renders for one user turn with add_generation_prompt=True and
 # enable_thinking=False (for a tokenizer that carries no template).
@@ -109,41 +107,6 @@ class PromptEncoder:
             if index in self.out_layers:
                 kept[index] = model.norm(hidden) if index == self.num_hidden_layers else hidden
         return [kept[k] for k in self.out_layers]
-
-
-class TextEncoderNode(PromptEmbedsNode):
-    """The shared text_encoder node with the klein guidance rule: the negative prompt ("", the
-    pipeline's) is encoded only when classifier-free guidance runs."""
-
-    def __init__(self, encoder: PromptEncoder, is_distilled: bool, **kwargs: Any):
-        super().__init__(_KleinPrompts(encoder, is_distilled), **kwargs)
-        self.is_distilled = is_distilled
-
-
-class _KleinPrompts:
-    """What the shared node asks of a family's pipeline (prompts, encode_prompt), until klein has
-    its pipeline.py; params as a Struct or, in the tests of this part, a dict."""
-
-    def __init__(self, encoder: PromptEncoder, is_distilled: bool):
-        self.encoder = encoder
-        self.is_distilled = is_distilled
-
-    def prompts(self, params: Any) -> dict[str, str]:
-        def field(name: str, default: Any = None) -> Any:
-            return params.get(name, default) if isinstance(params, dict) else getattr(params, name, default)
-
-        scale = field("guidance_scale")
-        texts = {PROMPT_EMBEDS: field("prompt")}
-        if uses_guidance(DEFAULT_GUIDANCE_SCALE if scale is None else float(scale), self.is_distilled):
-            texts[NEGATIVE_PROMPT_EMBEDS] = field("negative_prompt") or ""
-        return texts
-
-    def encode_prompt(self, prompts: list[str]) -> list[torch.Tensor]:
-        return self.encoder.encode(prompts)
-
-    def warmup_text_encoder(self) -> None:
-        if hasattr(self.encoder, "warmup"):
-            self.encoder.warmup()
 
 
 def build_qwen3(

@@ -48,6 +48,10 @@ __all__ = ["DiTInput", "LTX2DiT"]
 
 
 class LTX2DiT(nn.Module):
+    # The block stack and output heads, compiled with the pack lengths dynamic (scaffold.speed_up
+    # puts the compiled copy on the instance; forward calls it by this name).
+    compiled_methods = ("run_layers",)
+
     def __init__(self, config: DiTConfig):
         super().__init__()
         self.config = c = config
@@ -79,7 +83,6 @@ class LTX2DiT(nn.Module):
         self.audio_norm_out = nn.LayerNorm(audio_dim, eps=1e-6, elementwise_affine=False)
         self.audio_proj_out = nn.Linear(audio_dim, c.audio_output_channels)
         self.ropes = RopeCache(c)
-        self._layers = self.run_layers  # a compiled copy replaces it (an optimize transform)
 
     @classmethod
     def from_config(cls, config: DiTConfig | dict) -> LTX2DiT:
@@ -110,7 +113,7 @@ class LTX2DiT(nn.Module):
         self.plan(attention, layout)
         video, audio = self._embed_latents(ordered)
         inputs, video_head, audio_head = self._block_inputs(ordered, layout, perturbed_blocks)
-        video_out, audio_out = self._layers(video, audio, inputs, video_head, audio_head, attention)
+        video_out, audio_out = self.run_layers(video, audio, inputs, video_head, audio_head, attention)
         return self._unpack(video_out, audio_out, layout)
 
     def plan(self, attention, layout: Layout) -> None:

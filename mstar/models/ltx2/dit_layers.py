@@ -163,9 +163,14 @@ class Attention(nn.Module):
         value_rows [Tq] bool: tokens whose output is their own value projection instead of the
         attention (spatio-temporal guidance's perturbed self attention; self attention only)."""
         context = x if context is None else context
-        value = self.to_v(context)
-        query = self.norm_q(self.to_q(x))
-        key = self.norm_k(self.to_k(context))
+        query, key, value = self.to_q(x), self.to_k(context), self.to_v(context)
+        return self.attend(x, query, key, value, attention, label, query_rope, key_rope, value_rows)
+
+    def attend(
+        self, x, query, key, value, attention, label, query_rope, key_rope, value_rows
+    ) -> torch.Tensor:
+        """The rest of forward from the projections (q [Tq, inner], k and v [Tkv, inner])."""
+        query, key = self.norm_q(query), self.norm_k(key)
         if query_rope is not None:
             query = apply_rotary(query, query_rope)
             key = apply_rotary(key, key_rope if key_rope is not None else query_rope)

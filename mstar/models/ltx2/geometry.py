@@ -28,6 +28,10 @@ UNCOND = "uncond"  # the negative prompt (classifier-free guidance)
 PERTURBED = "perturbed"  # spatio-temporal guidance: self attention skipped in the chosen blocks
 ISOLATED = "isolated"  # modality guidance: no audio-video cross attention
 
+# Steps a terminal-shifted schedule needs: one sigma of 1 cannot be stretched to end at
+# shift_terminal (the pipeline's sigmas are NaN).
+MIN_STEPS = 2
+
 
 @dataclass(frozen=True)
 class VideoGeometry:
@@ -175,6 +179,39 @@ def guidance_labels(
     if modality_scale > 1.0 or audio_modality_scale > 1.0:
         labels.append(ISOLATED)
     return tuple(labels)
+
+
+@dataclass(frozen=True)
+class LTX2Geometry:
+    """The guidance rule at a config's request defaults (the spec's `geometry`): the scales not
+    given are LTX2Pipeline's defaults."""
+
+    config: LTX2Config
+
+    def labels(
+        self,
+        guidance_scale: float,
+        audio_guidance_scale: float | None = None,
+        stg_scale: float | None = None,
+        audio_stg_scale: float | None = None,
+        modality_scale: float | None = None,
+        audio_modality_scale: float | None = None,
+    ) -> tuple[str, ...]:
+        d = self.config.defaults
+
+        def given(value: float | None, default: float) -> float:
+            return default if value is None else value
+
+        return guidance_labels(
+            guidance_scale,
+            given(audio_guidance_scale, d.audio_guidance_scale),
+            given(stg_scale, d.stg_scale),
+            given(audio_stg_scale, d.audio_stg_scale),
+            given(modality_scale, d.modality_scale),
+            given(audio_modality_scale, d.audio_modality_scale),
+            d.spatio_temporal_guidance_blocks,
+            self.config.dit,
+        )
 
 
 def step_tokens(num_video: int, num_audio: int, num_labels: int) -> int:

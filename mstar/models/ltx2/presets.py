@@ -31,6 +31,36 @@ LTX2 = LTX2Config(
 )
 
 
+# A two-layer Gemma 3 whose width and layer count fit the tiny connectors (caption_channels 24,
+# text_proj_in_factor 3: embeddings plus two layers), passed to transformers.Gemma3Config.
+TINY_GEMMA3 = {
+    "text_config": {
+        "vocab_size": 320,
+        "hidden_size": 24,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "sliding_window": 8,
+        "max_position_embeddings": 256,
+        "query_pre_attn_scalar": 16,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "vision_config": {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": 28,
+        "patch_size": 14,
+    },
+    "mm_tokens_per_image": 4,
+    "image_token_index": 319,
+}
+
 # A few-kilobyte LTX-2 for CPU tests: every switch of LTX-2 on, sizes a CPU runs in milliseconds.
 TINY = LTX2Config(
     dit=DiTConfig(
@@ -92,14 +122,14 @@ TINY = LTX2Config(
     vocoder=VocoderConfig(
         in_channels=32,
         hidden_channels=16,
-        upsample_kernel_sizes=(4, 4),
-        upsample_factors=(2, 2),
+        upsample_kernel_sizes=(20, 32),
+        upsample_factors=(10, 16),  # 160 samples a 10 ms mel frame: 16 kHz, as long as the video
         resnet_kernel_sizes=(3,),
         resnet_dilations=((1, 3, 5),),
         output_sampling_rate=16000,
     ),
     scheduler=LTX2.scheduler,
-    text_encoder={},  # tests build a tiny Gemma 3 of their own (tests/models/ltx2/tiny_parts.py)
+    text_encoder=TINY_GEMMA3,
     defaults=RequestDefaults(
         height=64, width=64, num_frames=9, frame_rate=8.0, num_inference_steps=3, max_sequence_length=16
     ),

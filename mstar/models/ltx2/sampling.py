@@ -24,9 +24,7 @@ import torch
 
 from mstar.diffusion.samplers import FlowMatchEulerSampler
 from mstar.models.ltx2.config import SchedulerConfig
-from mstar.models.ltx2.geometry import COND, ISOLATED, PERTURBED, UNCOND, schedule_mu
-
-MIN_STEPS = 2
+from mstar.models.ltx2.geometry import COND, ISOLATED, MIN_STEPS, PERTURBED, UNCOND, schedule_mu
 
 
 def default_sigmas(num_steps: int) -> list[float]:

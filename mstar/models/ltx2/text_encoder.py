@@ -14,6 +14,7 @@ prompts it is batched with.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ def split_prompt_embeds(embeds: torch.Tensor, video_dim: int) -> tuple[torch.Ten
 def prepare_tokenizer(tokenizer: Any) -> Any:
     """Left padding, and <eos> as the pad token when the tokenizer has none (the pipeline's setup)."""
     tokenizer.padding_side = PADDING_SIDE
-    if tokenizer.pad_token is None:
+    if getattr(tokenizer, "pad_token", "") is None:  # the random-weight fallback pads with its own id
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
@@ -108,6 +109,8 @@ def build_gemma3(
     else:
         torch.manual_seed(seed)
         with torch.device(device):
-            model = Gemma3ForConditionalGeneration._from_config(Gemma3Config(**config), dtype=dtype)
+            model = Gemma3ForConditionalGeneration._from_config(
+                Gemma3Config(**copy.deepcopy(config)), dtype=dtype
+            )
     language_model = model.model.language_model
     return language_model.to(device).eval().requires_grad_(False)

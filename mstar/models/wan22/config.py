@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from mstar.diffusion.scheduler_config import UniPCConfig
+
 
 @dataclass(frozen=True)
 class WanDiTConfig:
@@ -121,54 +123,6 @@ WAN22_SCHEDULER_CONFIG: dict[str, Any] = {
     "use_exponential_sigmas": False, "use_flow_sigmas": True, "use_karras_sigmas": False,
 }  # fmt: skip
 
-# Settings our UniPC sampler does not implement: (the only value it takes, diffusers' default).
-_UNIPC_FIXED: dict[str, tuple[Any, Any]] = {
-    "use_flow_sigmas": (True, False),
-    "prediction_type": ("flow_prediction", "epsilon"),
-    "predict_x0": (True, True),
-    "final_sigmas_type": ("zero", "zero"),
-    "use_dynamic_shifting": (False, False),
-    "shift_terminal": (None, None),
-    "thresholding": (False, False),
-    "solver_p": (None, None),
-    "use_karras_sigmas": (False, False),
-    "use_exponential_sigmas": (False, False),
-    "use_beta_sigmas": (False, False),
-}
-
-
-@dataclass(frozen=True)
-class WanSchedulerConfig:
-    """The UniPC settings a Wan folder's scheduler/scheduler_config.json gives (Wan2.2's defaults)."""
-
-    flow_shift: float = 5.0
-    solver_order: int = 2
-    solver_type: str = "bh2"
-    lower_order_final: bool = True
-    disable_corrector: tuple[int, ...] = ()
-    num_train_timesteps: int = 1000
-
-    @classmethod
-    def from_dict(cls, config: dict[str, Any]) -> WanSchedulerConfig:
-        """From scheduler_config.json; a missing key takes diffusers' default, as the pipeline's
-        scheduler would. Another scheduler class or a setting the sampler lacks is an error."""
-        name = config.get("_class_name", "UniPCMultistepScheduler")
-        if name != "UniPCMultistepScheduler":
-            raise ValueError(f"Wan scheduler: {name} is not supported (UniPCMultistepScheduler is)")
-        for key, (wanted, default) in _UNIPC_FIXED.items():
-            if config.get(key, default) != wanted:
-                raise ValueError(
-                    f"Wan scheduler: {key}={config.get(key, default)!r} is not supported (only {wanted!r})"
-                )
-        return cls(
-            flow_shift=float(config.get("flow_shift", 1.0)),
-            solver_order=int(config.get("solver_order", 2)),
-            solver_type=str(config.get("solver_type", "bh2")),
-            lower_order_final=bool(config.get("lower_order_final", True)),
-            disable_corrector=tuple(config.get("disable_corrector") or ()),
-            num_train_timesteps=int(config.get("num_train_timesteps", 1000)),
-        )
-
 
 @dataclass(frozen=True)
 class Wan22Config:
@@ -178,7 +132,7 @@ class Wan22Config:
     vae: dict[str, Any] = field(default_factory=lambda: dict(WAN22_VAE_CONFIG))
     text_encoder: dict[str, Any] = field(default_factory=lambda: dict(WAN22_TEXT_ENCODER_CONFIG))
     max_text_tokens: int = 512
-    scheduler: WanSchedulerConfig = field(default_factory=WanSchedulerConfig)
+    scheduler: UniPCConfig = UniPCConfig(flow_shift=5.0)  # a folder's scheduler_config.json replaces it
     vae_scale_spatial: int = 16
     vae_scale_temporal: int = 4
     default_width: int = 1280

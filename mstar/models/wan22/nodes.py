@@ -8,10 +8,11 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from mstar.diffusion.scheduler_config import UniPCConfig
 from mstar.graph import BuildContext, Node
 from mstar.models.checkpoint import build_module, component_path, default_dtype, read_config
 from mstar.models.scaffold import build_dit_node, build_named_nodes, checkpoint_folder, warmup_sizes
-from mstar.models.wan22.config import Wan22Config, WanDiTConfig, WanSchedulerConfig
+from mstar.models.wan22.config import Wan22Config, WanDiTConfig
 from mstar.models.wan22.pipeline import WanPipeline
 from mstar.models.wan22.vae_config import WanVAEConfig
 
@@ -29,7 +30,7 @@ def load_config(model_path: str | None, default: Wan22Config) -> Wan22Config:
     scheduler = default.scheduler
     if (Path(model_path) / "scheduler").is_dir():
         scheduler_json = read_config(component_path(model_path, "scheduler"), "scheduler_config.json")
-        scheduler = WanSchedulerConfig.from_dict(scheduler_json)
+        scheduler = UniPCConfig.from_dict(scheduler_json)
     return replace(default, dit=dit, vae=vae, text_encoder=text, scheduler=scheduler)
 
 

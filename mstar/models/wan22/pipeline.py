@@ -28,10 +28,11 @@ from mstar.diffusion.denoise import (
 )
 from mstar.diffusion.noise import seeded_noise
 from mstar.diffusion.samplers import UniPCSampler
+from mstar.diffusion.scheduler_config import UniPCConfig
 from mstar.diffusion.vae_nodes import INPUT_REFERENCE, LATENTS
 from mstar.graph import RequestState
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
-from mstar.models.wan22.config import Wan22Config, WanSchedulerConfig
+from mstar.models.wan22.config import Wan22Config
 from mstar.models.wan22.dit import DiTInput
 from mstar.models.wan22.geometry import WanGeometry
 from mstar.models.wan22.model import WanParams
@@ -47,13 +48,9 @@ TEXT_KV = "text_kv"
 TEXT_OF_LABEL = {COND: PROMPT_EMBEDS, UNCOND: NEGATIVE_PROMPT_EMBEDS}
 
 
-def unipc_sampler(scheduler: WanSchedulerConfig, num_steps: int) -> UniPCSampler:
+def unipc_sampler(scheduler: UniPCConfig, num_steps: int) -> UniPCSampler:
     """The sampler the folder's scheduler config describes (WanPipeline's UniPC, flow sigmas)."""
-    return UniPCSampler(
-        num_steps, shift=scheduler.flow_shift, solver_order=scheduler.solver_order,
-        solver_type=scheduler.solver_type, lower_order_final=scheduler.lower_order_final,
-        disable_corrector=scheduler.disable_corrector, num_train_timesteps=scheduler.num_train_timesteps,
-    )  # fmt: skip
+    return UniPCSampler.from_config(scheduler, num_steps)
 
 
 def pad_text(text: torch.Tensor, num_tokens: int) -> torch.Tensor:

@@ -18,66 +18,12 @@ from mstar.models.cosmos3.conditioning import encode_image, initial_latents, pre
 from mstar.models.cosmos3.config import Cosmos3Config
 from mstar.models.cosmos3.geometry import IMAGE_CONDITION_FRAMES, UNCOND, guidance_labels, latent_shape
 from mstar.models.cosmos3.modes import Mode, select_mode
+from mstar.models.cosmos3.reference import diffusers_velocity  # noqa: F401 (tests import it from here)
 from mstar.models.cosmos3.sampling import guide, make_sampler
 from mstar.models.cosmos3.text import PromptRequest, load_tokenizer, prompt_token_ids
 from mstar.models.cosmos3.transformer import VisionInput
 from mstar.models.cosmos3.weights import load_transformer, load_vae
 from mstar.models.wan22.vae import denormalize_latents
-
-
-def diffusers_velocity(
-    transformer,
-    input_ids: list[int],
-    latents: torch.Tensor,
-    timestep: float,
-    fps: float = 24.0,
-    clean_frames: tuple[int, ...] = (),
-    temporal_compression: int = 4,
-) -> torch.Tensor:
-    """Cosmos3OmniTransformer's prediction [C, F, H, W] for one item, its joint sequence built as
-    Cosmos3OmniPipeline builds it (text segment, then the vision segment after the mRoPE margin)."""
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
-        get_3d_mrope_ids_text_tokens,
-        get_3d_mrope_ids_vae_tokens,
-    )
-
-    config = transformer.config
-    device = next(transformer.parameters()).device
-    num_text = len(input_ids)
-    text_ids, next_offset = get_3d_mrope_ids_text_tokens(num_text, 0, config.enable_fps_modulation)
-    channels, frames, height, width = latents.shape
-    p = config.latent_patch_size
-    grid_h, grid_w = -(-height // p), -(-width // p)
-    per_frame = grid_h * grid_w
-    vision_ids, _ = get_3d_mrope_ids_vae_tokens(
-        frames,
-        grid_h,
-        grid_w,
-        next_offset + config.unified_3d_mrope_temporal_modality_margin,
-        reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
-        fps=fps if config.enable_fps_modulation else None,
-        base_fps=float(config.base_fps),
-        temporal_compression_factor=temporal_compression,
-    )
-    noisy = [frame for frame in range(frames) if frame not in clean_frames]
-    loss_indexes = [num_text + f * per_frame + i for f in noisy for i in range(per_frame)]
-    num_vision = frames * per_frame
-    with torch.no_grad():
-        predictions = transformer(
-            input_ids=torch.tensor(input_ids, device=device),
-            text_indexes=torch.arange(num_text, device=device),
-            position_ids=torch.cat([text_ids, vision_ids], dim=1).to(device),
-            und_len=num_text,
-            sequence_length=num_text + num_vision,
-            vision_tokens=[latents[None].to(device, transformer.dtype)],
-            vision_token_shapes=[(frames, grid_h, grid_w)],
-            vision_sequence_indexes=torch.arange(num_text, num_text + num_vision, device=device),
-            vision_mse_loss_indexes=torch.tensor(loss_indexes, device=device),
-            vision_timesteps=torch.full((len(noisy) * per_frame,), int(timestep), device=device),
-            vision_noisy_frame_indexes=[torch.tensor(noisy, dtype=torch.long, device=device)],
-            return_dict=False,
-        )[0]
-    return predictions[0][0]
 
 
 @dataclass

@@ -82,3 +82,23 @@ def test_real_size_generation_pathway_matches_diffusers_in_bf16(models, backend)
                 assert error <= MAX_RELATIVE_ERROR, (
                     f"relative error {error:.4f} ({attention.backend_name}, clean {clean_frames})"
                 )
+
+
+def test_edge_served_at_its_recipe_size_reuses_the_negative_prompt():
+    """cosmos3-edge's nodes (random bf16 weights, eager) at 832x480x121, 2 steps: frames come out,
+    the second prompt reuses the first's negative-prompt pages and no page stays held."""
+    from mstar.bench.parity import run_ours
+    from mstar.config import ServerConfig
+    from mstar.graph import BuildContext
+    from mstar.models.cosmos3.model import Cosmos3Spec
+
+    spec = Cosmos3Spec()
+    config = ServerConfig(device="cuda", compile_mode="off", warmup=False, random_weights=True)
+    ctx = BuildContext(config=config, device="cuda", node_names=spec.node_names, random_weights=True)
+    nodes = spec.build_nodes(ctx)
+    fields = {"prompt": "a robot arm", "num_inference_steps": 2, "seed": 0}
+    frames = run_ours(spec, nodes, fields)["frames"]
+    run_ours(spec, nodes, {**fields, "prompt": "a dog"})
+    assert tuple(frames.shape) == (121, 480, 832, 3)
+    cache = nodes["dit"].pipeline.prefixes
+    assert (cache.num_computed, cache.num_hits, cache.num_held) == (3, 1, 0)

@@ -7,7 +7,6 @@ import torch
 from mstar.models.flux2_klein.config import TINY
 from mstar.models.flux2_klein.text_encoder import (
     PromptEncoder,
-    TextEncoderNode,
     build_qwen3,
     padded_attention_mask,
 )
@@ -86,7 +85,12 @@ def test_mask_is_causal_over_real_keys():
     [(True, 4.0, False), (False, 4.0, True), (False, 1.0, False), (False, None, True)],
 )
 def test_node_encodes_the_negative_prompt_only_under_guidance(is_distilled, scale, negative):
-    from mstar.graph import RequestState
+    import dataclasses
+
+    from mstar.graph import GenerationParams, RequestState
+    from mstar.models.flux2_klein.model import Flux2KleinSpec
+    from mstar.models.flux2_klein.pipeline import Flux2KleinPipeline
+    from mstar.models.text_encoding import PromptEmbedsNode
 
     class CountingEncoder:
         def __init__(self):
@@ -96,9 +100,10 @@ def test_node_encodes_the_negative_prompt_only_under_guidance(is_distilled, scal
             self.seen += prompts
             return [torch.zeros(2, 3) for _ in prompts]
 
+    config = dataclasses.replace(TINY, is_distilled=is_distilled)
     encoder = CountingEncoder()
-    node = TextEncoderNode(encoder, is_distilled=is_distilled)
-    params = {"prompt": "a cat"} if scale is None else {"prompt": "a cat", "guidance_scale": scale}
+    node = PromptEmbedsNode(Flux2KleinPipeline(config, "cpu", text_encoder=encoder))
+    params = Flux2KleinSpec(config).validate(GenerationParams(prompt="a cat", guidance_scale=scale, seed=1))
     request = RequestState("r1", params)
     node.forward([request])
     assert ("negative_prompt_embeds" in request.tensors) is negative

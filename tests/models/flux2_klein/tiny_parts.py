@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from mstar.models.flux2_klein.config import TINY, Flux2KleinConfig, to_json_dict
+from mstar.models.flux2_klein.model import Flux2KleinSpec
 from tests.models.zimage.tiny_parts import tiny_tokenizer
 
 __all__ = ["TINY", "save_tiny_pipeline", "tiny_pipeline", "tiny_tokenizer", "tiny_transformer"]
@@ -88,3 +89,20 @@ def pipeline_call_kwargs(config: Flux2KleinConfig = TINY) -> dict:
         "max_sequence_length": config.max_sequence_length,
         "text_encoder_out_layers": config.text_encoder_out_layers,
     }
+
+
+class TinyFlux2KleinSpec(Flux2KleinSpec):
+    """flux2-klein at the tiny test sizes (the runtime's workers resolve it by "module:Class")."""
+
+    name = "flux2-klein-4b"
+    preset = TINY
+    min_side = 16
+
+
+class TinyFlux2KleinBaseSpec(TinyFlux2KleinSpec):
+    name = "flux2-klein-base-4b"
+    preset = dataclasses.replace(TINY, is_distilled=False)
+
+
+TINY_SPEC_PATH = f"{__name__}:TinyFlux2KleinSpec"
+TINY_BASE_SPEC_PATH = f"{__name__}:TinyFlux2KleinBaseSpec"

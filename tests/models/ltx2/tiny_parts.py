@@ -4,6 +4,7 @@ whole LTX2Pipeline written with save_pretrained (the diffusers folder layout our
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,34 +94,10 @@ def tiny_vocoder(config: LTX2Config = TINY, seed: int = 4):
 
 
 def tiny_gemma_config(config: LTX2Config = TINY):
-    """A two-layer Gemma 3 whose hidden size and layer count fit the tiny connectors."""
+    """The preset's two-layer Gemma 3 (its hidden size and layer count fit the tiny connectors)."""
     from transformers import Gemma3Config
 
-    hidden = config.connectors.caption_channels
-    text = {
-        "vocab_size": 320,
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
-        "num_hidden_layers": config.connectors.text_proj_in_factor - 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "sliding_window": 8,
-        "max_position_embeddings": 256,
-        "query_pre_attn_scalar": 16,
-        "rope_theta": 1000000.0,
-        "rope_local_base_freq": 10000.0,
-        "layer_types": ["sliding_attention", "full_attention"],
-    }
-    vision = {
-        "hidden_size": 16,
-        "intermediate_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "image_size": 28,
-        "patch_size": 14,
-    }
-    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=319)
+    return Gemma3Config(**copy.deepcopy(config.text_encoder))
 
 
 def tiny_text_encoder(config: LTX2Config = TINY, seed: int = 5):
