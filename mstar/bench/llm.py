@@ -127,10 +127,12 @@ async def _serve_phases(options: LLMOptions, base_url: str, vocab_size: int) -> 
         prompts = random_prompts(
             num_requests(concurrency), options.prompt_tokens, vocab_size, options.seed + concurrency
         )
+        before = await _step_seconds(base_url)
         timings, wall_s = await closed_loop(
             base_url, None, prompts, options.output_tokens, concurrency, options.request_timeout_s
         )
         levels.append(summarize(timings, wall_s, concurrency))
+        levels[-1].update(_step_split(before, await _step_seconds(base_url), len(prompts)))
         print(f"c={concurrency}: {levels[-1]}", flush=True)
     prefix = await prefix_ttft(
         base_url, None, vocab_size, options.system_prompt_tokens, options.num_prefix_pairs, options.seed,
@@ -138,6 +140,32 @@ async def _serve_phases(options: LLMOptions, base_url: str, vocab_size: int) -> 
     )  # fmt: skip
     print(f"prefix cache: {prefix}", flush=True)
     return {"levels": levels, "prefix_cache": prefix}
+
+
+async def _step_seconds(base_url: str) -> dict[str, list[float]]:
+    """The server's step times so far, per node ({} from a server without our /metrics)."""
+    import httpx
+
+    from mstar.bench.server_metrics import node_seconds_from_metrics, scrape_metrics
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        text = await scrape_metrics(client)
+    return node_seconds_from_metrics(text) if text else {}
+
+
+def _step_split(before: dict, after: dict, num_requests: int) -> dict[str, float]:
+    """Where a level's time went on the server: the LLM node's steps, their device ms (CUDA events)
+    and host ms (the forward call: queueing step n + 1, reading step n back, its text and pieces)."""
+    from mstar.bench.server_metrics import node_breakdown
+
+    split = node_breakdown(before, after, num_requests).get("llm")
+    if split is None:
+        return {}
+    return {
+        "steps": round(split["steps_per_request"] * num_requests),
+        "step_device_ms": round(split["ms_per_step"], 3),
+        "step_host_ms": round(split["host_ms_per_step"], 3),
+    }
 
 
 def run_llm_benchmark(options: LLMOptions) -> dict[str, Any]:
@@ -184,15 +212,17 @@ def run_llm_benchmark(options: LLMOptions) -> dict[str, Any]:
 def llm_table(result: dict[str, Any]) -> str:
     baseline = {row["batch_size"]: row for row in result.get("transformers", [])}
     lines = [
-        "| c | requests | output tok/s | transformers tok/s | x | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| c | requests | output tok/s | transformers tok/s | x | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms "
+        "| step device / host ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for level in result.get("levels", []):
         base = baseline.get(level["concurrency"], {})
         lines.append(
             f"| {level['concurrency']} | {level['num_requests']} | {level['output_tokens_per_s']} | "
             f"{base.get('output_tokens_per_s', '-')} | {level.get('vs_transformers', '-')} | {level['ttft_ms_p50']} | "
-            f"{level['ttft_ms_p99']} | {level['tpot_ms_p50']} |"
+            f"{level['ttft_ms_p99']} | {level['tpot_ms_p50']} | "
+            f"{level.get('step_device_ms', '-')} / {level.get('step_host_ms', '-')} |"
         )
     floor, prefix = result.get("decode_floor", {}), result.get("prefix_cache", {})
     lines.append("")

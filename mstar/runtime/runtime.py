@@ -253,13 +253,13 @@ class Runtime:
 
     async def _receive(self) -> None:
         while True:
-            data = await self._inbox.recv()
-            try:
-                self._on_message(m.decode(data))
-            except msgspec.DecodeError:
-                log.error("dropped an undecodable message (%d bytes)", len(data))
-            except Exception:
-                log.exception("failed to handle a worker message")
+            for data in await self._inbox.recv_multipart():  # a worker's step: many messages
+                try:
+                    self._on_message(m.decode(data))
+                except msgspec.DecodeError:
+                    log.error("dropped an undecodable message (%d bytes)", len(data))
+                except Exception:
+                    log.exception("failed to handle a worker message")
 
     def _on_message(self, message: m.Message) -> None:
         if isinstance(message, m.Heartbeat):

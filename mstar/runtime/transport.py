@@ -1,7 +1,8 @@
 """ZMQ control plane: PUSH/PULL sockets over ipc:// in a private 0700 directory, or loopback TCP.
 
 Each process binds one PULL socket (its inbox) and keeps one PUSH socket per destination. Sends
-never block: the high-water mark is off, and messages are small (tensors travel by shm.py).
+never block: the high-water mark is off, and messages are small (tensors travel by shm.py). A ZMQ
+message may carry several of ours, one per frame (StepOutbox): receivers decode every frame.
 """
 
 from __future__ import annotations
@@ -50,6 +51,39 @@ def connect_push(context: zmq.Context, endpoint: str) -> zmq.Socket:
 
 def send(socket: zmq.Socket, message: Message) -> None:
     socket.send(messages.encode(message), flags=zmq.NOBLOCK, copy=False)
+
+
+def receive(socket: zmq.Socket, flags: int = 0) -> list[bytes]:
+    """The encoded messages of the next ZMQ message (one per frame)."""
+    return socket.recv_multipart(flags)
+
+
+class StepOutbox:
+    """Messages to one destination where a step sends many small ones (a text model's token pieces
+    of every request, the step's stats): those of the `coalesced` types wait, and leave together as
+    one ZMQ message of many frames at `flush`, which the sender calls at every step boundary and
+    before it waits. Each send wakes ZMQ's I/O threads and the receiver, so a step of n requests
+    costs one wake-up instead of n. Any other message flushes the waiting ones and leaves with them
+    at once: the order is kept, and endings (WalkDone, errors) never wait."""
+
+    def __init__(self, socket: zmq.Socket, coalesced: tuple[type, ...]):
+        self.socket = socket
+        self.coalesced = coalesced
+        self._frames: list[bytes] = []
+
+    def send(self, message: Message) -> None:
+        self._frames.append(messages.encode(message))
+        if not isinstance(message, self.coalesced):
+            self.flush()
+
+    def flush(self) -> None:
+        if self._frames:
+            frames, self._frames = self._frames, []
+            self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._frames)
 
 
 class Outboxes:

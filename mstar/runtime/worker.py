@@ -27,10 +27,12 @@ from mstar.models.registry import get_model_spec
 from mstar.runtime import messages as m
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_loop import StepLoop
-from mstar.runtime.transport import Outboxes, bind_inbox, connect_push, send
+from mstar.runtime.transport import Outboxes, StepOutbox, bind_inbox, connect_push, receive, send
 
-IDLE_POLL_MS = 100
+IDLE_POLL_MS = 100  # the poll returns as soon as a message comes: this only paces idle checks
 FLUSH_ON_EXIT_MS = 1000
+# sent by the hundred per step (a text model's token pieces): they leave together at the boundary
+COALESCED = (m.InlinePiece, m.StepProgress, m.StepStats, m.NodeEvents)
 
 log = logging.getLogger("mstar.worker")
 
@@ -104,6 +106,7 @@ class Worker:
         self.context = zmq.Context()
         self.inbox, self.endpoint = bind_inbox(self.context, boot.bind_endpoint)
         self.conductor = connect_push(self.context, boot.conductor_endpoint)
+        self.outbox = StepOutbox(self.conductor, COALESCED)  # the step loop's messages
         self.peers = Outboxes(self.context)
         self.store = SegmentStore(boot.segment_dir, boot.segment_prefix)
         self.parent_pid = os.getppid() if parent_pid is None else parent_pid
@@ -138,7 +141,7 @@ class Worker:
         return True
 
     def _to_conductor(self, message: m.Message) -> None:
-        send(self.conductor, message)
+        self.outbox.send(message)
 
     def _boot_progress(self, label: str, done: int, total: int) -> None:
         """BuildContext.progress: loaders may call it from their own threads, hence the lock."""
@@ -155,37 +158,46 @@ class Worker:
                 self.loop.run_round(lambda: self._drain(poller, 0))
                 self.loop.report_step_times()  # steps the device finished while the loop idled
         self.loop.release_all()
+        self.outbox.flush()
 
     def _drain(self, poller: zmq.Poller, timeout_ms: int) -> None:
+        """At a step boundary: send what the step queued, then handle what came in (waiting up to
+        timeout_ms for it), then send the answers."""
+        self.outbox.flush()
         if not poller.poll(timeout_ms):
             return
         while not self.stopping:
             try:
-                data = self.inbox.recv(zmq.NOBLOCK)
+                frames = receive(self.inbox, zmq.NOBLOCK)
             except zmq.Again:
-                return
-            try:
-                message = m.decode(data)
-            except msgspec.DecodeError:
-                log.error("dropped an undecodable message (%d bytes)", len(data))
-                continue
-            if isinstance(message, m.Shutdown):
-                self.stopping = True
-            else:
-                self._handle(message)
+                break
+            for data in frames:
+                self._handle_frame(data)
+        self.outbox.flush()
+
+    def _handle_frame(self, data: bytes) -> None:
+        try:
+            message = m.decode(data)
+        except msgspec.DecodeError:
+            log.error("dropped an undecodable message (%d bytes)", len(data))
+            return
+        if isinstance(message, m.Shutdown):
+            self.stopping = True
+        elif not self.stopping:
+            self._handle(message)
 
     def _handle(self, message: m.Message) -> None:
         """A bug while handling one request's message fails that request, not the worker."""
         try:
             self.loop.handle(message)
             if isinstance(message, m.Peers):
-                send(self.conductor, m.PeersKnown(self.boot.worker, self.boot.incarnation, message.version))
+                self._to_conductor(m.PeersKnown(self.boot.worker, self.boot.incarnation, message.version))
         except Exception as exc:
             log.exception("failed to handle %s", type(message).__name__)
             rid = getattr(message, "rid", None)
             if rid is not None:
                 self.loop.table.release(rid)
-                send(self.conductor, m.RequestError(rid, f"worker error: {exc}"))
+                self._to_conductor(m.RequestError(rid, f"worker error: {exc}"))
 
     def _parent_alive(self) -> bool:
         return os.getppid() == self.parent_pid
@@ -225,6 +237,7 @@ class Worker:
         self._heartbeat_stop.set()
         if self._heartbeat_thread.is_alive():
             self._heartbeat_thread.join(timeout=2.0)
+        self.outbox.flush()
         self.peers.close()
         self.inbox.close(linger=0)
         self.conductor.close(linger=FLUSH_ON_EXIT_MS)

@@ -100,3 +100,20 @@ def test_decode_graph_replay_equals_eager_decode():
     with torch.inference_mode():
         eager = model.logits(model(ids.cuda(), positions.cuda(), attention))
     assert float((replayed - eager).norm() / eager.norm()) < 1e-2
+
+
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_planning_a_graph_decode_step_does_not_wait_for_the_device(model):
+    """The host plans step n + 1 while the device still runs step n: with the device held busy,
+    planning a captured decode wrapper returns with that work still queued (no stream sync)."""
+    heads = heads_of(model)
+    pool = KVPool(KVGeometry(1, heads.num_kv_heads, heads.head_dim, heads.dtype, PAGE), 1024, "cuda")
+    attention = build_paged_attention(pool, heads, "flashinfer", cuda_graphs=True)
+    layouts = [random_layout(8, [], torch.Generator().manual_seed(seed)) for seed in range(3)]
+    attention.plan(layouts[0], graph_rows=8)  # the wrapper's buffers exist from here on
+    torch.cuda.synchronize()
+    for layout in layouts[1:]:
+        torch.cuda._sleep(2_000_000_000)  # about a second of device time, queued
+        attention.plan(layout, graph_rows=8)
+        assert not torch.cuda.current_stream().query(), "the plan waited for the device"
+        torch.cuda.synchronize()

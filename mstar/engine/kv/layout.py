@@ -43,7 +43,8 @@ class PagedLayout:
     ) -> PagedLayout:
         """Checks the shapes once; num_decode None counts the leading one-token segments."""
         q_lens, kv_lens = tuple(int(n) for n in q_lens), tuple(int(n) for n in kv_lens)
-        pages = tuple(tuple(int(p) for p in ids) for ids in page_ids)
+        # built every step over every page of every row: tuple() runs in C (and returns a tuple as is)
+        pages = tuple(map(tuple, page_ids))
         if not (len(q_lens) == len(kv_lens) == len(pages)) or not q_lens:
             raise ValueError(
                 f"paged layout: {len(q_lens)} q lens, {len(kv_lens)} kv lens, {len(pages)} page lists"

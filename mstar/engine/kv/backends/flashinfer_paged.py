@@ -4,7 +4,8 @@ BatchPrefillWithPagedKVCacheWrapper (causal) for the prefill chunks of one step.
 Each is planned once per step on the host (page tables from pinned host buffers, FlashInfer's own
 non-blocking copies) and run in every layer against that layer's [pages, 2, page_tokens, kv_heads,
 head_dim] view (NHD). A captured wrapper (CUDA graphs) is decode-only, for a fixed row count, with
-device buffers that keep their addresses: FlashInfer copies each plan's page table into them.
+device buffers that keep their addresses: FlashInfer copies each plan's page table into them
+(the page indices from a device copy queued here: no plan waits for the device).
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class FlashInferPagedWrapper(PagedWrapper):
         if decode is not None:
             self._decode = self._decode or self._new_decode_wrapper()
             indptr, indices, last = _page_table(decode, self._pin)
+            if self.captured:
+                indices = self._on_device(indices)
             self._decode.plan(
                 indptr, indices, last, heads.num_q_heads, heads.num_kv_heads, heads.head_dim,
                 heads.page_tokens, non_blocking=True, **common,
@@ -124,6 +127,13 @@ class FlashInferPagedWrapper(PagedWrapper):
         if self._pin:
             self._staged = torch.cuda.Event()
             self._staged.record(torch.cuda.current_stream(self.device))
+
+    def _on_device(self, pinned: torch.Tensor) -> torch.Tensor:
+        """A captured wrapper copies the page indices into its buffer with a blocking copy unless
+        they are on its device already; a blocking copy waits for every queued step, so the host
+        could never plan step n + 1 while the device runs step n. Queued here instead, on the
+        device FlashInfer compares with (its workspace's, which names the index)."""
+        return pinned.to(self._backend.workspace.device, non_blocking=True)
 
     def run_paged(self, q: torch.Tensor, pool: KVPool, layer: int) -> torch.Tensor:
         layout = self._layout
