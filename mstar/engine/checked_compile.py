@@ -118,6 +118,11 @@ class BackgroundCompiler:
         while True:
             job = self._jobs.get()
             try:
+                # Start once the serving thread is between forwards: the eager call that asked for
+                # this compile is usually still running, and tracing beside it (Python, the GIL)
+                # would slow that very request.
+                with _module_calls:
+                    pass
                 job()
             except Exception:  # a job reports its own failures; this keeps the thread alive
                 logger.exception("background compile job failed")

@@ -273,3 +273,15 @@ def test_modules_called_on_the_serving_side_wait_for_a_background_fx_trace():
     assert "error" not in results, results.get("error")
     assert torch.equal(results["served"], served(torch.ones(1, 2)))
     assert isinstance(results["graph"], torch.fx.GraphModule)
+
+
+def test_a_background_compile_starts_after_the_forward_that_asked_for_it():
+    import threading
+
+    from mstar.engine.checked_compile import BackgroundCompiler, module_calls
+
+    compiler, started = BackgroundCompiler(), threading.Event()
+    with module_calls():  # the serving thread's forward, whose eager call submits the compile
+        compiler.submit(started.set)
+        assert not started.wait(timeout=0.3)  # it waits for the forward (a hang guard, not a timing)
+    assert compiler.wait_idle(timeout_s=30) and started.is_set()
