@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--size", help="WIDTHxHEIGHT")
     generate.add_argument("--num-frames", type=int)
     generate.add_argument("--fps", type=int)
+    generate.add_argument(
+        "--no-audio", dest="audio", action="store_const", const=False, default=None,
+        help="a model with a soundtrack: leave it out of the MP4",
+    )  # fmt: skip
     generate.add_argument("--seconds", type=float)
     generate.add_argument("--steps", type=int, dest="num_inference_steps")
     generate.add_argument("--guidance-scale", type=float)
@@ -252,21 +256,27 @@ def _generation_params(args: argparse.Namespace) -> Any:
         guidance_scale=args.guidance_scale,
         seed=args.seed,
         has_input_reference=args.image is not None,
+        audio=args.audio,
     )
 
 
-def _check_output_path(path: Path, output_kind: str) -> None:
-    suffixes = VIDEO_SUFFIXES if output_kind == "video" else set(IMAGE_SUFFIXES)
+def _check_output_path(path: Path, media_kind: str) -> None:
+    suffixes = VIDEO_SUFFIXES if media_kind == "video" else set(IMAGE_SUFFIXES)
     if path.suffix.lower() not in suffixes:
-        raise InvalidParam("output", f"this model makes {output_kind}s: use one of {sorted(suffixes)}")
+        raise InvalidParam("output", f"this model makes {media_kind}s: use one of {sorted(suffixes)}")
 
 
-def _encode_output(frames: Any, path: Path, output_kind: str, params: Any) -> bytes:
+def _encode_output(outputs: dict[str, Any], path: Path, spec: Any, params: Any) -> bytes:
+    """The file's bytes: a PNG/JPEG/WebP, or an MP4 (with the model's soundtrack, if it made one)."""
     from mstar.api.media import encode_image, encode_mp4
+    from mstar.api.service import route_kind
 
-    if output_kind == "video":
-        return encode_mp4(frames, int(getattr(params, "fps", 0) or 16))
-    return encode_image(frames[0], IMAGE_SUFFIXES[path.suffix.lower()])
+    frames = outputs[spec.output_tensor]
+    if route_kind(spec.output_kind) == "image":
+        return encode_image(frames[0], IMAGE_SUFFIXES[path.suffix.lower()])
+    audio_sample_rate = spec.audio_sample_rate(params)
+    audio = None if audio_sample_rate is None else outputs[spec.audio_tensor]
+    return encode_mp4(frames, int(getattr(params, "fps", 0) or 16), audio, audio_sample_rate)
 
 
 async def _generate(config: Any, spec: Any, params: Any, inputs: dict | None) -> Any:
@@ -281,7 +291,7 @@ async def _generate(config: Any, spec: Any, params: Any, inputs: dict | None) ->
         async for event in handle.events():
             if isinstance(event, Done):
                 bars.close()
-                return event.outputs[spec.output_tensor]
+                return event.outputs
             if isinstance(event, Failed):
                 bars.close()
                 raise RuntimeError(f"generation failed ({event.kind}): {event.message}")
@@ -297,8 +307,10 @@ def generate_command(args: argparse.Namespace) -> int:
 
     config = load_server_config(args)
     spec = get_model_spec(config.model)
+    from mstar.api.service import route_kind
+
     output = Path(args.output)
-    _check_output_path(output, spec.output_kind)
+    _check_output_path(output, route_kind(spec.output_kind))
     params = spec.validate(_generation_params(args))
     inputs = None
     if args.image is not None:
@@ -306,11 +318,11 @@ def generate_command(args: argparse.Namespace) -> int:
 
         inputs = {"input_reference": decode_image(Path(args.image).read_bytes(), "image")}
     try:
-        frames = asyncio.run(_generate(config, spec, params, inputs))
+        outputs = asyncio.run(_generate(config, spec, params, inputs))
     except RuntimeError as error:
         print(f"mstar: {error}", file=sys.stderr)
         return 1
-    output.write_bytes(_encode_output(frames, output, spec.output_kind, params))
+    output.write_bytes(_encode_output(outputs, output, spec, params))
     print(f"mstar: wrote {output}", flush=True)
     return 0
 

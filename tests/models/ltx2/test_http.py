@@ -57,3 +57,20 @@ def test_ltx2_makes_an_mp4_with_its_soundtrack_over_http(tiny_folder):
     with av.open(io.BytesIO(silent_mp4)) as container:
         assert len(container.streams.video) == 1 and not container.streams.audio
     assert (decode_mp4(silent_mp4) == frames).all()  # the audio decode changes no frame
+
+
+def test_mstar_generate_writes_the_soundtrack_into_the_mp4(tiny_folder, tmp_path):
+    from mstar import cli
+
+    folder, _ = tiny_folder
+    rate = TINY.vocoder.output_sampling_rate
+    common = ["--model-path", str(folder), "--prompt", "a cat sings", "--steps", "2", "--num-frames", "9",
+              "--fps", "8", "--size", "64x32", "--seed", "7"]  # fmt: skip
+    with_audio, silent = tmp_path / "song.mp4", tmp_path / "silent.mp4"
+    assert cli.main(["generate", TINY_LTX2_PATH, *common, "-o", str(with_audio)]) == 0
+    assert cli.main(["generate", TINY_LTX2_PATH, *common, "--no-audio", "-o", str(silent)]) == 0
+    waveform, sample_rate = decode_mp4_audio(with_audio.read_bytes())
+    assert sample_rate == rate and abs(waveform.shape[1] - 9 / 8 * rate) <= AAC_FRAME and waveform.std() > 0
+    with av.open(io.BytesIO(silent.read_bytes())) as container:
+        assert not container.streams.audio
+    assert (decode_mp4(silent.read_bytes()) == decode_mp4(with_audio.read_bytes())).all()
