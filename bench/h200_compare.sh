@@ -23,7 +23,7 @@ case "$model" in
 esac
 out="${OUT:-$PWD/bench-results}/compare"
 mkdir -p "$out" /tmp/site /tmp/base
-for pack in .whl_pack/*.tar.xz .whl_otel/*.tar.xz; do  # the GPU machine's wheels (Python 3.12)
+for pack in .whl_*/site.tar.xz; do  # the GPU machine's wheels (Python 3.12)
   [ "$model" != tiny ] && [ -e "$pack" ] && { tar xJf "$pack" -C /tmp/site || exit 1; }
 done
 [ -e .whl_base/tree.tar.xz ] || { echo "bring .whl_base/tree.tar.xz (see the header)" >&2; exit 2; }
