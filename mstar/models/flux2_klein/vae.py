@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.models.flux2_klein.config import VAEConfig
-from mstar.models.zimage.vae import RESNET_EPS, GroupNorm, MidBlock, ResnetBlock, UpBlock
+from mstar.models.zimage.vae import RESNET_EPS, Decoder, GroupNorm, MidBlock, ResnetBlock
 
 ENCODER_PATTERNS = ("encoder.", "quant_conv.")
 DECODER_PATTERNS = ("decoder.", "post_quant_conv.")
@@ -117,31 +117,6 @@ class Encoder(nn.Module):
         for block in self.down_blocks:
             x = block(x)
         return self.conv_out(F.silu(self.conv_norm_out(self.mid_block(x))))
-
-
-class Decoder(nn.Module):
-    """diffusers' vae.Decoder (decoder_block_out_channels when the config narrows the decoder)."""
-
-    def __init__(self, config: VAEConfig):
-        super().__init__()
-        channels = list(reversed(config.decoder_channels))
-        groups = config.norm_num_groups
-        self.conv_in = nn.Conv2d(config.latent_channels, channels[0], 3, padding=1)
-        self.mid_block = MidBlock(channels[0], groups, config.mid_block_add_attention)
-        self.up_blocks = nn.ModuleList()
-        previous = channels[0]
-        for index, out in enumerate(channels):
-            is_last = index == len(channels) - 1
-            self.up_blocks.append(UpBlock(previous, out, config.layers_per_block + 1, groups, not is_last))
-            previous = out
-        self.conv_norm_out = GroupNorm(groups, channels[-1], eps=RESNET_EPS)
-        self.conv_out = nn.Conv2d(channels[-1], config.out_channels, 3, padding=1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        x = self.mid_block(self.conv_in(z))
-        for block in self.up_blocks:
-            x = block(x)
-        return self.conv_out(F.silu(self.conv_norm_out(x)))
 
 
 class VAEDecoder(nn.Module):

@@ -60,6 +60,11 @@ class VAEConfig:
         """Pixels per latent cell along one side."""
         return 2 ** (len(self.block_out_channels) - 1)
 
+    @property
+    def decoder_channels(self) -> tuple[int, ...]:
+        """The decoder's block widths (FLUX.2's VAE config may narrow them apart from the encoder's)."""
+        return self.block_out_channels
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:

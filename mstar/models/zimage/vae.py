@@ -131,9 +131,11 @@ class UpBlock(nn.Module):
 
 
 class Decoder(nn.Module):
+    """diffusers' vae.Decoder (Z-Image's and FLUX.2's autoencoders)."""
+
     def __init__(self, config: VAEConfig):
         super().__init__()
-        channels = list(reversed(config.block_out_channels))
+        channels = list(reversed(config.decoder_channels))
         groups = config.norm_num_groups
         self.conv_in = nn.Conv2d(config.latent_channels, channels[0], 3, padding=1)
         self.mid_block = MidBlock(channels[0], groups, config.mid_block_add_attention)
