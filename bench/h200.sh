@@ -63,7 +63,7 @@ fi
 
 out="${OUT:-$PWD/bench-results}/bench"
 mkdir -p "$out"
-for pack in .whl_pack/*.tar.xz; do  # wheels brought along (see `wheels` above)
+for pack in .whl_*/site.tar.xz; do  # every wheel pack brought along (see `wheels` above)
   [ -e "$pack" ] && { mkdir -p /tmp/site && tar xJf "$pack" -C /tmp/site || exit 1; }
 done
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -4,9 +4,10 @@
 # each run for both trees back to back, then the first request at a size the config did not list
 # against that size's steady latency (this tree only: no request waits for a compile).
 #
-#   git archive REF mstar bench pyproject.toml | xz > .whl_base/tree.tar.xz      (on this machine)
-#   bash bench/h200_compare.sh wan|zimage                                        (on the GPU, carrying
-#                                                                                 .whl_pack and .whl_base)
+#   git archive REF mstar pyproject.toml | xz > .whl_base/tree.tar.xz    on this machine (the embedded
+#                                                                      models' weights may be left out)
+#   bash bench/h200_compare.sh wan|zimage                               on the GPU, carrying .whl_pack,
+#                                                                      .whl_otel and .whl_base
 # ~8 min for wan, ~4 for zimage. Results: $OUT/compare-<model>.tar.xz (JSON, tables, server logs)
 # and a table printed last.
 # Knobs (environment): NEW_SIZE_ONLY, NUM_REQUESTS (3), ATTENTION_BACKEND (fa3), SETTLE_S (90: the longest wait for
@@ -22,7 +23,7 @@ case "$model" in
 esac
 out="${OUT:-$PWD/bench-results}/compare"
 mkdir -p "$out" /tmp/site /tmp/base
-for pack in .whl_pack/*.tar.xz .whl_otel/*.tar.xz; do  # the GPU machine's wheels (Python 3.12)
+for pack in .whl_*/site.tar.xz; do  # the GPU machine's wheels (Python 3.12)
   [ "$model" != tiny ] && [ -e "$pack" ] && { tar xJf "$pack" -C /tmp/site || exit 1; }
 done
 [ -e .whl_base/tree.tar.xz ] || { echo "bring .whl_base/tree.tar.xz (see the header)" >&2; exit 2; }

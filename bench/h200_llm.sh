@@ -18,7 +18,7 @@ set -uo pipefail
 phase="${1:?usage: bash bench/h200_llm.sh llm-test|llm-0.6b|llm-8b}"
 out="${OUT:-$PWD/bench-results}/bench"
 mkdir -p "$out"
-for pack in .whl_pack/*.tar.xz; do
+for pack in .whl_*/site.tar.xz; do  # every wheel pack brought along
   [ -e "$pack" ] && { mkdir -p /tmp/site && tar xJf "$pack" -C /tmp/site || exit 1; }
 done
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"

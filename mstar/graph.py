@@ -92,6 +92,11 @@ class Node:
         """What the request adds to one step (e.g. tokens); capped by max_step_cost."""
         return 1
 
+    def ready(self, request: RequestState) -> bool:
+        """Whether the request can ride the next forward (False: it waits in the queue, e.g. while
+        its LoRA adapters load); raising fails the request alone."""
+        return True
+
     max_step_cost: int | None = None
 
     def forward(self, batch: list[RequestState]) -> None:

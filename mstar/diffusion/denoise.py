@@ -133,8 +133,12 @@ class DenoiseNode(Node):
         warmup_sizes: Sequence[Any] = (),
         max_batch_size: int = 8,
         max_step_cost: int | None = None,
+        lora: Any = None,
     ):
         self.pipeline = pipeline
+        # mstar.engine.lora.serving.LoraServing when the server has adapters: the pipeline's
+        # predict sets each step's rows; the node acquires, waits for and releases them.
+        self.lora = lora
         self.name = name
         self.compiled = compiled  # the DiT's compiled parts (mstar.engine.compile.CompiledParts)
         self.warmup_sizes = list(warmup_sizes)  # config compile sizes; None is the family's default
@@ -142,6 +146,9 @@ class DenoiseNode(Node):
         self.max_step_cost = max_step_cost
 
     def prepare(self, request: RequestState) -> None:
+        choices = getattr(request.params, "lora", ())
+        if choices and self.lora is None:
+            raise ValueError("this server has no LoRA adapters (its lora_dir is not set)")
         start = self.pipeline.prepare_latents(request)
         cost = start.num_tokens * len(start.texts)
         if self.max_step_cost is not None and cost > self.max_step_cost:
@@ -157,6 +164,12 @@ class DenoiseNode(Node):
             texts=start.texts,
             condition=start.condition,
         )
+        if choices:
+            self.lora.acquire(request.request_id, choices)
+
+    def ready(self, request: RequestState) -> bool:
+        """False while the request's adapters load (it waits in the queue, off the step)."""
+        return self.lora is None or self.lora.ready(request.request_id)
 
     def _state(self, request: RequestState) -> DenoiseState:
         if self.name not in request.state:
@@ -184,6 +197,8 @@ class DenoiseNode(Node):
             state.latents = self.pipeline.step(state, guided)
             if state.sampler.done:
                 self.pipeline.finish(request, state)
+                if self.lora is not None:
+                    self.lora.release(request.request_id)  # its slots may go to waiting requests
 
     def _item(self, request: RequestState, state: DenoiseState, label: str) -> DenoiseItem:
         index = state.sampler.step_index
@@ -202,6 +217,8 @@ class DenoiseNode(Node):
         """Drop the request's loop state; a pipeline holding resources per request (pages of a KV
         pool) gets them back through its `release(state)`, on finish, failure and cancel alike."""
         state = request.state.pop(self.name, None)
+        if self.lora is not None:
+            self.lora.release(request.request_id)
         release = getattr(self.pipeline, "release", None)
         if state is not None and release is not None:
             release(state)
@@ -230,8 +247,20 @@ class DenoiseNode(Node):
             item = self.pipeline.warmup_item(size)
             self.pipeline.predict([item])
             self.pipeline.predict([item, item])
+        if self.lora is not None and self.warmup_sizes:
+            self._warmup_lora()
         if self.compiled is not None:
             self.compiled.finish_warmup()
+
+    def _warmup_lora(self) -> None:
+        """The same items with (zero-scale) adapters: the layers' LoRA graphs compile now."""
+        with self.lora.warming() as widths:
+            for width in widths:
+                self.lora.warm(width)
+                for size in self.warmup_sizes:
+                    item = self.pipeline.warmup_item(size)
+                    self.pipeline.predict([item])
+                    self.pipeline.predict([item, item])
 
     def num_recompiles(self) -> int:
         return 0 if self.compiled is None else self.compiled.num_recompiles

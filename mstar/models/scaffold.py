@@ -61,16 +61,25 @@ def warmup_sizes(config: Any, compile_mode: str) -> list[Any]:
 
 
 def speed_up(
-    dit: Any, optimize: Callable[..., Any] | None, fuse: bool, kernels: bool, compile_mode: str, label: str
+    dit: Any,
+    optimize: Callable[..., Any] | None,
+    fuse: bool,
+    kernels: bool,
+    compile_mode: str,
+    label: str,
+    wrap: Callable[[Any], Any] | None = None,
 ):
-    """optimize -> compile, the one order (the server's nodes and the step benchmark alike): the
-    family's transform where `fuse` asks for it, then the model's `compiled_methods`, pack length
-    dynamic. Returns (the model, its CompiledParts)."""
+    """optimize -> wrap -> compile, the one order (the server's nodes and the step benchmark alike):
+    the family's transform where `fuse` asks for it, `wrap` (the LoRA layers: their adapter slots
+    are inputs of the compiled stack), then the model's `compiled_methods`, pack length dynamic.
+    Returns (the model, its CompiledParts)."""
     from mstar.engine.compile import compile_methods
 
     if optimize is not None and fuse:
         dit = optimize(dit, fuse=fuse, kernels=kernels)
         logger.info("%s: fused projections%s", label, ", hand-written kernels" if kernels else "")
+    if wrap is not None:
+        wrap(dit)
     options = {"persistent_rows": True, "duck_shapes": False}
     return dit, compile_methods(dit, type(dit).compiled_methods, compile_mode, label, **options)
 
@@ -84,11 +93,17 @@ def build_dit_node(
     optimize: Callable[..., Any] | None = None,
     compile: bool = True,
     max_batch_size: int | None = None,
+    lora_targets: Callable[[Any], list[Any]] | None = None,
+    lora_keys: Any = None,
 ):
-    """resources (workspace first) -> load -> optimize -> compile -> the DenoiseNode (warmup at boot).
+    """resources (workspace first) -> load -> optimize -> LoRA layers -> compile -> the DenoiseNode
+    (warmup at boot).
 
     `pipeline(dit, attention)` makes the family's pipeline over the built model; `compile=False`
-    keeps a model eager everywhere (a tiny one gains nothing from a compile at boot)."""
+    keeps a model eager everywhere (a tiny one gains nothing from a compile at boot).
+    `lora_targets(dit)` (the family's LoraTargets of the model as optimize left it) and `lora_keys`
+    (its LoraKeyRules) give the DiT per-request adapters when the server has a lora_dir; the
+    pipeline reads them as `pipeline.lora` (None without)."""
     from mstar.diffusion.denoise import DenoiseNode
     from mstar.engine.compile import effective_mode
     from mstar.engine.resources import build_engine_resources
@@ -97,11 +112,23 @@ def build_dit_node(
     attention = build_engine_resources(server, ctx.device, dtype).attention
     fuse, kernels = speed_ups(server, ctx.device)
     mode = effective_mode(server.compile_mode, ctx.device) if compile else "off"
-    dit, compiled = speed_up(load(), optimize, fuse, kernels, mode, label)
+    lora = None
+
+    def wrap(model: Any) -> None:
+        nonlocal lora
+        if lora_targets is not None and server.lora_dir:
+            from mstar.engine.lora.serving import attach_lora
+
+            lora = attach_lora(model, lora_targets, server, lora_keys)
+
+    dit, compiled = speed_up(load(), optimize, fuse, kernels, mode, label, wrap=wrap)
+    family_pipeline = pipeline(dit, attention)
+    family_pipeline.lora = lora
     return DenoiseNode(
-        pipeline(dit, attention),
+        family_pipeline,
         compiled=compiled,
         warmup_sizes=warmup_sizes(server, mode),
         max_batch_size=max_batch_size or server.max_batch_size,
         max_step_cost=server.max_tokens_per_step,
+        lora=lora,
     )

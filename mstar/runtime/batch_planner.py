@@ -8,7 +8,8 @@ Queues in, batches out: no processes, no tensors, no nodes (the step loop asks t
 request's batch key and step cost and hands them in), so the rules are tested as plain data, the way
 vLLM tests its scheduler.
 
-Rules: requests are taken oldest first; each batch key gets one batch, in the order the keys first
+Rules: requests are taken oldest first, those not ready (the node's `ready`: adapters loading)
+skipped; each batch key gets one batch, in the order the keys first
 appear; a batch takes a request while it has fewer than max_batch_size and the request's cost fits
 under max_step_cost (a request alone in its batch always fits: one that can never fit is refused at
 validation); a request that does not fit waits for the next round, and later ones may still fit. A
@@ -27,6 +28,7 @@ class Candidate:
     rid: str
     key: Hashable  # the node's batch_key: requests sharing one may ride together
     cost: int  # the node's step_cost: what the request adds to a step
+    ready: bool = True  # the node's readiness hook: False waits for a later round, holding no place
 
 
 def plan_batches(
@@ -36,6 +38,8 @@ def plan_batches(
     groups: dict[Hashable, list[str]] = {}
     costs: dict[Hashable, int] = {}
     for candidate in candidates:
+        if not candidate.ready:
+            continue
         group = groups.setdefault(candidate.key, [])
         if len(group) >= max(1, max_batch_size):
             continue

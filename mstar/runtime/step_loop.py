@@ -104,7 +104,15 @@ class StepLoop:
     # ---- steps ---------------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return any(slot.waiting for slot in self.queues.values())
+        """Whether a waiting request can ride a forward now (one that is not ready, e.g. its
+        adapters loading, lets the worker idle until a message or the idle poll)."""
+        return any(self._may_run(slot.node, rid) for slot in self.queues.values() for rid in slot.waiting)
+
+    def _may_run(self, node: Node, rid: str) -> bool:
+        try:
+            return bool(node.ready(self.table.get(rid).state))
+        except Exception:
+            return True  # the next round's plan fails it, with the reason
 
     def run_round(self, at_step_boundary: Callable[[], None]) -> None:
         for slot in self.queues.values():
@@ -124,8 +132,13 @@ class StepLoop:
         for rid in slot.waiting:
             request = self.table.get(rid)
             try:
+                ready = bool(node.ready(request.state))
+            except Exception as exc:
+                self._fail(request, f"{node.name}: {exc}")  # its adapters could not be loaded
+                continue
+            try:
                 candidates.append(
-                    Candidate(rid, node.batch_key(request.state), int(node.step_cost(request.state)))
+                    Candidate(rid, node.batch_key(request.state), int(node.step_cost(request.state)), ready)
                 )
             except Exception as exc:
                 self._fail(request, f"{node.name}: batch_key/step_cost failed: {exc}", exc)

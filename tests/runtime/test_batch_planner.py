@@ -41,3 +41,8 @@ def test_queue_keeps_arrival_order_and_loop_members_take_turns():
     assert list(queue) == ["b", "a"]
     rows = [(rid, "k", 3) for rid in queue]
     assert plan_batches(candidates(*rows), 8, 3) == [["b"]]  # the older one first, under the cap
+
+
+def test_requests_not_ready_wait_without_holding_a_place():
+    rows = [Candidate("loading", "k", 5, ready=False), Candidate("a", "k", 5), Candidate("b", "k", 3)]
+    assert plan_batches(rows, 2, 8) == [["a", "b"]]

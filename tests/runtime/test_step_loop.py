@@ -193,3 +193,26 @@ def test_a_walk_that_is_not_the_last_keeps_its_outputs_whole(loop, store, sent):
     assert not [msg for msg in sent if isinstance(msg, m.OutputPiece)]
     assert loop.table.get("mid").state.tensors["frames"].shape == (3, 2, 2, 3)
     assert loop.table.get("mid").state.emit_output is None
+
+
+def test_a_request_not_ready_waits_and_a_failing_readiness_fails_it_alone(loop, store, sent):
+    """The node's readiness hook (a LoRA adapter loading, or one that cannot be loaded)."""
+    gate = {"loading": False}
+    denoiser = loop.queues["denoiser"].node
+
+    def ready(request):
+        if request.request_id == "req-broken":
+            raise RuntimeError("adapter 'x' could not be loaded: bad file")
+        return request.request_id != "req-loading" or gate["loading"]
+
+    denoiser.ready = ready
+    start_generate(loop, store, "loading", steps=2)
+    start_generate(loop, store, "broken", steps=2)
+    start_generate(loop, store, "fine", steps=2)
+    run_until_idle(loop)
+    assert "could not be loaded: bad file" in errors(sent)["broken"]
+    assert outputs_of(sent, store, "fine")["batch_sizes"].tolist() == [1, 1]
+    assert not loop.has_work() and "loading" in loop.table.rids()  # it waits, the loop idles
+    gate["loading"] = True
+    run_until_idle(loop)
+    assert outputs_of(sent, store, "loading")["batch_sizes"].tolist() == [1, 1]

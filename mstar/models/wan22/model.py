@@ -24,6 +24,7 @@ from mstar.models.validation import (
 )
 from mstar.models.wan22.config import Wan22Config
 from mstar.models.wan22.geometry import WanGeometry
+from mstar.models.wan22.lora_keys import WAN22_LORA_KEYS
 from mstar.models.warmup import sized_warmup_requests
 from mstar.params import VideoParams
 
@@ -46,6 +47,7 @@ class Wan22Spec(ModelSpec):
     params_type = WanParams
     node_names = ("text_encoder", "vae_encoder", "dit", "vae_decoder")
     streams_text_encoder = True  # UMT5-XXL's ~10 GiB of weights can stay in host memory
+    lora_keys = WAN22_LORA_KEYS
     walks = {
         "encode_text": Walk("encode_text", ("text_encoder",)),
         "t2v": Walk("t2v", (Loop("dit"), "vae_decoder"), outputs=("frames",)),

@@ -81,6 +81,8 @@ def _text_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, d
 
 def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dtype) -> Node:
     from mstar.models.wan22.dit import WanDiT
+    from mstar.models.wan22.lora import wan_lora_targets
+    from mstar.models.wan22.lora_keys import WAN22_LORA_KEYS
     from mstar.models.wan22.optimize import optimize
 
     def load() -> WanDiT:
@@ -92,7 +94,10 @@ def _dit_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dt
     def pipeline(dit: WanDiT, attention) -> WanPipeline:
         return WanPipeline(config, ctx.device, dtype, dit=dit, attention=attention)
 
-    return build_dit_node(ctx, dtype, "wan.dit", load=load, pipeline=pipeline, optimize=optimize)
+    return build_dit_node(
+        ctx, dtype, "wan.dit", load=load, pipeline=pipeline, optimize=optimize,
+        lora_targets=wan_lora_targets, lora_keys=WAN22_LORA_KEYS,
+    )  # fmt: skip
 
 
 def _vae_encoder_node(config: Wan22Config, ctx: BuildContext, model_path: str | None, dtype) -> Node:

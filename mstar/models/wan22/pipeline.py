@@ -88,6 +88,7 @@ class WanPipeline:
         self.dtype = dtype
         self.text_encoder, self.dit, self.attention = text_encoder, dit, attention
         self.vae_encoder, self.decoder = vae_encoder, decoder
+        self.lora = None  # mstar.engine.lora.serving.LoraServing when the server has adapters
 
     # ---- 1. prompts (text_encoder node) -----------------------------------------------------
 
@@ -144,7 +145,8 @@ class WanPipeline:
     @torch.inference_mode()
     def predict(self, items: list[DenoiseItem]) -> list[torch.Tensor]:
         """Every item of the step through one packed DiT forward. The cross-attention keys and
-        values of each (request, label) text are computed at its first step and kept."""
+        values of each (request, label) text are computed at its first step and kept (with the
+        request's adapters: the text rows apply them too)."""
         inputs = []
         for item in items:
             latents, num_clean = item.latents, 0
@@ -152,9 +154,18 @@ class WanPipeline:
             if first_frame is not None:
                 num_clean = first_frame.shape[1]
                 latents = torch.cat([first_frame, latents[:, num_clean:]], dim=1)
-            text_kv = kept_per_label(item, TEXT_KV, partial(self.dit.text_kv, item.text))
+            text_kv = kept_per_label(item, TEXT_KV, partial(self._text_kv, item))
             inputs.append(DiTInput(latents, item.timestep, num_clean_frames=num_clean, text_kv=text_kv))
+        if self.lora is not None:  # next to the attention plan: one segment per item's tokens
+            lengths = [self.dit.num_tokens(tuple(item.latents.shape)) for item in items]
+            self.lora.set_step("tokens", lengths, [item.request_id for item in items])
         return self.dit(inputs, self.attention)
+
+    def _text_kv(self, item: DenoiseItem) -> torch.Tensor:
+        if self.lora is None:
+            return self.dit.text_kv(item.text)
+        with self.lora.only(item.request_id, "text"):
+            return self.dit.text_kv(item.text)
 
     def guide(self, outputs: dict[str, torch.Tensor], guidance_scale: float) -> torch.Tensor:
         """WanPipeline's classifier-free guidance, in the DiT's output dtype (bf16 for a bf16 DiT):
