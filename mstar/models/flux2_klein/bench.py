@@ -124,7 +124,9 @@ class Flux2KleinBench(DitBenchEntry):
         return Flux2DiT.from_config(transformer_config)
 
     def optimize(self, model: Any, fuse: bool, kernels: bool) -> Any:
-        return model  # no fused or kernel-calling modules yet: the eager model is what is served
+        from mstar.models.flux2_klein.optimize import optimize
+
+        return optimize(model, fuse=fuse, kernels=kernels)
 
     def ours_forward(self, model: Any, attention: Any, keep_text: bool):
         from mstar.models.flux2_klein.dit import DiTInput

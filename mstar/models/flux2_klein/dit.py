@@ -114,13 +114,14 @@ def build_token_maps(tokens: list[StepTokens], device: torch.device) -> TokenMap
 
 @dataclass
 class ItemRows:
-    """Per-item rows [N, dim] of one forward: the image and text streams' six modulations, the
-    single-stream blocks' three, the output norm's (scale, shift)."""
+    """Per-item rows of one forward, each kind side by side in one tensor (chunked after the
+    per-token gather): the image and text streams' six modulations [N, 6 * dim] each, the
+    single-stream blocks' three [N, 3 * dim], the output norm's (scale, shift) [N, 2 * dim]."""
 
-    image: list[torch.Tensor]
-    text: list[torch.Tensor]
-    single: list[torch.Tensor]
-    output: list[torch.Tensor]
+    image: torch.Tensor
+    text: torch.Tensor
+    single: torch.Tensor
+    output: torch.Tensor
 
 
 class PackedTokens:
@@ -267,16 +268,21 @@ class Flux2DiT(nn.Module):
         return [self._unpatchify(v, item) for v, item in zip(velocity, items, strict=True)]
 
     def _item_rows(self, items: list[DiTInput]) -> ItemRows:
-        """Each item's timestep embedding and modulation rows, computed one item at a time: a GEMM's
-        rows can depend on how many rows it has, and an item's output must not depend on its company."""
+        """Each item's timestep embedding and modulation rows, computed once per distinct timestep and
+        one at a time: a GEMM's rows can depend on how many rows it has, and an item's output must not
+        depend on its company (items at one timestep, a guidance pair or requests in step, share the
+        same bits)."""
         device = items[0].latents.device
-        timesteps = to_device(torch.tensor([item.timestep for item in items], dtype=torch.float32), device)
+        distinct: dict[float, int] = {}  # timestep -> its row among the distinct ones
+        for item in items:
+            distinct.setdefault(item.timestep, len(distinct))
+        timesteps = to_device(torch.tensor(list(distinct), dtype=torch.float32), device)
         # As the pipeline: t in the model dtype, / 1000 there; the model multiplies by 1000 again.
         model_timesteps = (timesteps.to(self.dtype) / 1000).to(self.dtype) * 1000
-        per_item = []
-        for index in range(len(items)):
+        per_timestep = []
+        for index in range(len(distinct)):
             temb = self.time_guidance_embed(model_timesteps[index : index + 1])  # [1, dim]
-            per_item.append(
+            per_timestep.append(
                 (
                     self.double_stream_modulation_img(temb),
                     self.double_stream_modulation_txt(temb),
@@ -284,21 +290,23 @@ class Flux2DiT(nn.Module):
                     self.norm_out.rows(temb),
                 )
             )
+        which = [distinct[item.timestep] for item in items]
 
-        def stacked(part: int) -> list[torch.Tensor]:
-            return [torch.cat(rows) for rows in zip(*(item[part] for item in per_item), strict=True)]
+        def stacked(part: int) -> torch.Tensor:
+            rows = [per_timestep[index][part] for index in which]
+            return rows[0] if len(rows) == 1 else torch.cat(rows)  # [N, k * dim]
 
         return ItemRows(image=stacked(0), text=stacked(1), single=stacked(2), output=stacked(3))
 
     def run_blocks(self, txt, img, rows: ItemRows, packed: PackedTokens, attn) -> torch.Tensor:
         """Double-stream then single-stream blocks; returns the joint tokens [T, dim]."""
         maps = packed.maps
-        img_mod = [per_token(r, maps.image_item) for r in rows.image]
-        txt_mod = [per_token(r, maps.text_item) for r in rows.text]
+        img_mod = per_token(rows.image, maps.image_item).chunk(6, dim=-1)  # 6 x [Ti, dim]
+        txt_mod = per_token(rows.text, maps.text_item).chunk(6, dim=-1)  # 6 x [Tt, dim]
         for block in self.transformer_blocks:
             txt, img = block(txt, img, txt_mod, img_mod, packed, attn)
         joint = packed.joint(txt, img)
-        single_mod = [per_token(r, maps.joint_item) for r in rows.single]
+        single_mod = per_token(rows.single, maps.joint_item).chunk(3, dim=-1)  # 3 x [T, dim]
         for block in self.single_transformer_blocks:
             joint = block(joint, single_mod, packed, attn)
         return joint

@@ -62,9 +62,10 @@ class Modulation(nn.Module):
         self.num_sets = num_sets
         self.linear = nn.Linear(dim, dim * 3 * num_sets, bias=False)
 
-    def forward(self, temb: torch.Tensor) -> list[torch.Tensor]:
-        """temb [N, dim] -> 3 x num_sets tensors [N, dim] (shift, scale, gate, shift, ...)."""
-        return list(self.linear(F.silu(temb)).chunk(3 * self.num_sets, dim=-1))
+    def forward(self, temb: torch.Tensor) -> torch.Tensor:
+        """temb [N, dim] -> [N, 3 * num_sets * dim]: (shift, scale, gate, shift, ...) side by side,
+        kept whole so a pack gathers them per token in one index (chunk after)."""
+        return self.linear(F.silu(temb))
 
 
 def per_token(rows: torch.Tensor, token_item: torch.Tensor | None) -> torch.Tensor:
@@ -221,12 +222,10 @@ class OutputNorm(nn.Module):
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=eps)
         self.linear = nn.Linear(dim, 2 * dim, bias=False)
 
-    def rows(self, temb: torch.Tensor) -> list[torch.Tensor]:
-        """temb [N, dim] -> (scale, shift) rows [N, dim] each."""
-        return list(self.linear(F.silu(temb).to(self.linear.weight.dtype)).chunk(2, dim=-1))
+    def rows(self, temb: torch.Tensor) -> torch.Tensor:
+        """temb [N, dim] -> [N, 2 * dim]: the (scale, shift) rows side by side."""
+        return self.linear(F.silu(temb).to(self.linear.weight.dtype))
 
-    def forward(
-        self, x: torch.Tensor, rows: list[torch.Tensor], token_item: torch.Tensor | None
-    ) -> torch.Tensor:
-        scale, shift = (per_token(r, token_item) for r in rows)
+    def forward(self, x: torch.Tensor, rows: torch.Tensor, token_item: torch.Tensor | None) -> torch.Tensor:
+        scale, shift = per_token(rows, token_item).chunk(2, dim=-1)
         return self.norm(x) * (1 + scale) + shift

@@ -82,10 +82,12 @@ def _dit_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | Non
     def load():
         return build_dit(config.transformer, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
 
+    from mstar.models.flux2_klein.optimize import optimize
+
     def pipeline(dit, attention) -> Flux2KleinPipeline:
         return Flux2KleinPipeline(config, ctx.device, dit=dit, attention=attention)
 
-    return build_dit_node(ctx, dtype, "flux2.dit", load=load, pipeline=pipeline)
+    return build_dit_node(ctx, dtype, "flux2.dit", load=load, pipeline=pipeline, optimize=optimize)
 
 
 def _vae_decoder_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
