@@ -11,7 +11,7 @@
 #   bash bench/h200.sh parity MODEL           our nodes against the pipeline on one folder it wrote
 #                                             (random weights): frames PSNR before any encoding   ~5 min
 #   bash bench/h200.sh all                    every phase above for wan and zimage, one after another
-# MODEL: wan, zimage, flux2, ltx2, cosmos3 (no parity for cosmos3 yet); times above are wan / zimage
+# MODEL: wan, zimage, flux2, ltx2, cosmos3 (parity: its t2v); times above are wan / zimage
 # then, where the results came back:
 #   mstar bench report bench-results/bench    (rewrites docs/benchmarks.md's tables from the JSON)
 #
@@ -134,7 +134,8 @@ parity() {  # parity wan|zimage: the pipeline's folder (real config, random weig
     zimage) served=z-image-turbo ;;
     flux2) served=flux2-klein-4b ;;
     ltx2) served=ltx-2 ;;
-    *) echo "parity: wan, zimage, flux2 or ltx2" >&2; return 2 ;;
+    cosmos3) served=cosmos3-edge ;;
+    *) echo "parity: wan, zimage, flux2, ltx2 or cosmos3" >&2; return 2 ;;
   esac
   start_budget
   guarded "parity-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench parity "$served" --device cuda \

@@ -198,6 +198,9 @@ class ModelSpec(ABC):
     audio_tensor: str = "audio"
     # How many reference images an edit may give (/v1/images/edits); 0: the model makes no edits.
     max_reference_images: int = 0
+    # Media routes it serves besides its output kind's: "image" on a video model makes its
+    # one-frame video, through /v1/images/generations (num_frames 1, its image defaults).
+    extra_media_kinds: tuple[OutputKind, ...] = ()
 
     @abstractmethod
     def limits(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from mstar.api.errors import ApiError
 from mstar.api.media import IMAGE_MEDIA_TYPES, decode_base64, decode_data_url, decode_image, encode_image
 from mstar.api.middleware import read_fields
 from mstar.api.schemas import ImageEditRequest, ImageGenerationRequest
+from mstar.api.service import for_route
 from mstar.api.state import server_state
 from mstar.errors import InvalidParam
 from mstar.graph import reference_image_input
@@ -82,7 +83,8 @@ async def create_images(request: Request) -> Response:
     generator = state.generator
     generator.check_model(body.model, "image")
     many_params = [
-        generator.validate(body.generation_params(seed)) for seed in generator.seeds(body.seed, body.n)
+        generator.validate(for_route(state.spec, body.generation_params(seed), "image"))
+        for seed in generator.seeds(body.seed, body.n)
     ]
     generator.check_ready()
     submitted = generator.submit_many(many_params)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from mstar.api.metrics import CONTENT_TYPE
+from mstar.api.service import served_kinds
 from mstar.api.state import ServerState, server_state
 from mstar.errors import UnknownModel
 
@@ -41,6 +42,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "owned_by": "mstar",
         "task": spec.task,
         "output_kind": spec.output_kind,
+        "media_kinds": list(served_kinds(spec)),  # the routes' kinds that reach it
         "limits": spec.limits(),
         # Size limits combine: tokens (x guidance labels) of one request per denoise step, at most this.
         "max_tokens_per_step": state.config.max_tokens_per_step,

@@ -8,6 +8,7 @@ caller asked to stream, then exactly one Done(outputs) or Failed(message, kind)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -102,6 +103,18 @@ def route_kind(output_kind: str) -> str:
     return "video" if output_kind == "video+audio" else output_kind
 
 
+def served_kinds(spec: ModelSpec) -> tuple[str, ...]:
+    """The media kinds whose routes reach the model: its own, then any extra it names."""
+    return (route_kind(spec.output_kind), *spec.extra_media_kinds)
+
+
+def for_route(spec: ModelSpec, params: GenerationParams, kind: str) -> GenerationParams:
+    """A route's raw params for the model: an image asked of a video model is its one-frame video."""
+    if kind == "image" and route_kind(spec.output_kind) == "video":
+        return dataclasses.replace(params, num_frames=1)
+    return params
+
+
 def random_seed() -> int:
     return secrets.randbelow(2**31)
 
@@ -118,7 +131,7 @@ class Generator:
         """404 for a model not served here; 400 when the route's media kind is not the model's."""
         if model is not None and model != self.spec.name:
             raise UnknownModel(model, [self.spec.name])
-        if route_kind(self.spec.output_kind) != output_kind:
+        if output_kind not in served_kinds(self.spec):
             raise ApiError(
                 400,
                 f"model '{self.spec.name}' is {self.spec.task}; this route makes {output_kind}s",

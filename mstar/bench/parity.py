@@ -55,12 +55,17 @@ class ParityFamily:
     cases: list[ParityCase]
     write_folder: Callable[[Path, str, int], None]  # (folder, device, seed): random weights, saved
     load_reference: Callable[[Path, str], Any]  # (folder, device) -> the pipeline
-    encode_reference: Callable[[Any, str], Any]  # (pipeline, prompt) -> [num_tokens, dim], real tokens
+    encode_reference: (
+        Callable[[Any, str], Any] | None
+    )  # (pipeline, prompt) -> [num_tokens, dim]; None: no encoder
     run_reference: Callable[[Any, dict[str, Any], str], Any]  # (pipeline, fields, "latent" | "np")
     input_image: Any = None  # uint8 [H, W, 3] for image-to-video
     # (pipeline, our nodes, prompt) -> [(what, rel err against the pipeline's embedding)]: other
     # ways of running our encoder, to tell where a difference comes from
     text_diagnostics: Callable[[Any, dict[str, Any], str], list[tuple[str, float]]] | None = None
+    # (pipeline, our nodes, request fields) -> rows: the prompt's side of a model with no text
+    # encoder (its prompt tokens go straight into the DiT), in place of the embedding rows
+    prompt_rows: Callable[[Any, dict[str, Any], dict[str, Any]], list[dict[str, Any]]] | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -215,9 +220,12 @@ def _run_node(node: Any, request: Any) -> None:
 
 
 def text_rows(family: ParityFamily, reference: Any, nodes: dict[str, Any]) -> list[dict[str, Any]]:
-    """Prompt embeddings (the prompt and the default negative prompt) and the encoder's sensitivity."""
+    """Prompt embeddings (the prompt and the default negative prompt) and the encoder's sensitivity;
+    a family without a text encoder gives its own prompt rows."""
     import torch
 
+    if family.encode_reference is None:
+        return family.prompt_rows(reference, nodes, family.request) if family.prompt_rows else []
     rows = []
     encoder = reference.text_encoder
     prompts = {"prompt embeddings": family.request["prompt"], "negative prompt embeddings ('')": ""}
@@ -228,17 +236,17 @@ def text_rows(family: ParityFamily, reference: Any, nodes: dict[str, Any]) -> li
             with eager_attention(encoder):
                 eager = family.encode_reference(reference, prompt)
             rows.append(
-                _row(quantity, "-", "rel err", rel_err(ours, theirs), rel_err(eager, theirs),
+                parity_row(quantity, "-", "rel err", rel_err(ours, theirs), rel_err(eager, theirs),
                      "reference, eager attention", num_tokens=int(theirs.shape[0]))
             )  # fmt: skip
         theirs = family.encode_reference(reference, family.request["prompt"])
         if family.text_diagnostics is not None:
             for what, value in family.text_diagnostics(reference, nodes, family.request["prompt"]):
-                rows.append(_row(f"prompt embeddings, {what}", "-", "rel err", value, None, "-"))
+                rows.append(parity_row(f"prompt embeddings, {what}", "-", "rel err", value, None, "-"))
         with perturbed_input_embeddings(encoder, SENSITIVITY_EPS, seed=family.request.get("seed", 0)):
             perturbed = family.encode_reference(reference, family.request["prompt"])
     rows.append(
-        _row("text encoder sensitivity", "-", f"rel change for {SENSITIVITY_EPS:g} input change", None,
+        parity_row("text encoder sensitivity", "-", f"rel change for {SENSITIVITY_EPS:g} input change", None,
              rel_err(perturbed, theirs), "reference, perturbed input embeddings")
     )  # fmt: skip
     return rows
@@ -257,9 +265,9 @@ def case_rows(family: ParityFamily, reference: Any, nodes: dict[str, Any], case:
     ours = run_ours(family.spec, nodes, fields, family.input_image)
     yardstick = "reference, other SDPA kernels"
     return [
-        _row("latents", case.name, "rel err", rel_err(ours[LATENTS], theirs["latent"]),
+        parity_row("latents", case.name, "rel err", rel_err(ours[LATENTS], theirs["latent"]),
              rel_err(other["latent"], theirs["latent"]), yardstick),
-        _row("frames", case.name, "PSNR dB", psnr_db(ours[FRAMES], theirs["np"]),
+        parity_row("frames", case.name, "PSNR dB", psnr_db(ours[FRAMES], theirs["np"]),
              psnr_db(other["np"], theirs["np"]), yardstick),
     ]  # fmt: skip
 
@@ -270,7 +278,7 @@ def with_default_steps(cases: list[ParityCase], num_steps: int) -> list[ParityCa
     return [*first, ParityCase(f"{num_steps} steps", num_steps, default.guidance_scale)]
 
 
-def _row(quantity, case, metric, ours, yardstick, yardstick_how, **extra) -> dict[str, Any]:
+def parity_row(quantity, case, metric, ours, yardstick, yardstick_how, **extra) -> dict[str, Any]:
     return {"quantity": quantity, "case": case, "metric": metric, "ours": ours, "yardstick": yardstick,
             "yardstick_how": yardstick_how, **extra}  # fmt: skip
 
@@ -338,6 +346,8 @@ def _timed(timings_s: dict[str, float], name: str) -> Iterator[None]:
 def _fmt(value: float | None, metric: str) -> str:
     if value is None:
         return "-"
+    if metric.startswith("ids"):
+        return str(int(value))
     if metric.startswith("PSNR"):
         return "inf" if value == float("inf") else f"{value:.1f}"
     return f"{value:.2e}"

@@ -21,7 +21,7 @@ PROMPT = "a robot arm pours water into a glass on a wooden table, cinematic ligh
 class Cosmos3Bench(DitBenchEntry):
     family = "cosmos3"
     diffusers_transformer = "Cosmos3OmniTransformer"
-    parity = None  # a bench parity hook is not written yet; the tiny-folder tests hold parity
+    parity = "mstar.models.cosmos3.parity:cosmos3_parity"
     step_workloads = (
         StepWorkload("cosmos3-480p-cfg", 832, 480, 121, 2),  # the write-ups' cell, one guidance pair
         StepWorkload("cosmos3-720p-cfg", 1280, 704, 121, 2),

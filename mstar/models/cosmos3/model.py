@@ -44,6 +44,7 @@ class Cosmos3Spec(ModelSpec):
     name = "cosmos3-edge"
     task = "text-to-video"  # text-to-image at num_frames 1, image-to-video with input_reference
     output_kind = "video"
+    extra_media_kinds = ("image",)  # /v1/images/generations: num_frames 1 at the recipe's image size
     params_type = Cosmos3Params
     node_names = ("vae_encoder", "dit", "vae_decoder")
     walks = {

@@ -1,8 +1,10 @@
 """diffusers' Cosmos3 driven as the parity and benchmark baseline (never on the serving path): one
 full Cosmos3OmniTransformer forward for one item, its joint sequence built as Cosmos3OmniPipeline
-builds it, and the scheduler settings of a config as diffusers' keyword arguments.
+builds it, the scheduler settings of a config as diffusers' keyword arguments, and the pipeline
+loaded from a saved folder.
 
     velocity = diffusers_velocity(theirs, input_ids, latents, timestep, clean_frames=(0,))
+    pipe = load_pipeline(folder, "cpu", torch.float32)
 """
 
 from __future__ import annotations
@@ -78,3 +80,30 @@ def diffusers_velocity(
             return_dict=False,
         )[0]
     return predictions[0][0]
+
+
+def load_pipeline(folder, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Cosmos3OmniPipeline from a saved folder: the transformer in `dtype` (its fp32 modules kept),
+    the VAE in float32 as the checkpoint's.
+
+    The transformer is read from the folder's own config and safetensors and handed in:
+    Cosmos3OmniTransformer.from_pretrained needs `accelerate` (its fp32 time embedder forces
+    low_cpu_mem_usage), which is not a dependency; every other part comes from
+    Cosmos3OmniPipeline.from_pretrained."""
+    from pathlib import Path
+
+    from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer
+    from safetensors.torch import load_file
+
+    from mstar.bench.baseline import cast_parameters
+
+    transformer_dir = Path(folder) / "transformer"
+    transformer = Cosmos3OmniTransformer.from_config(Cosmos3OmniTransformer.load_config(str(transformer_dir)))
+    state = {}
+    for path in sorted(transformer_dir.glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    transformer.load_state_dict(state, strict=True)
+    transformer = cast_parameters(transformer, dtype, getattr(transformer, "_keep_in_fp32_modules", None))
+    pipe = Cosmos3OmniPipeline.from_pretrained(str(folder), transformer=transformer.eval()).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

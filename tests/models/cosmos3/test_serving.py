@@ -182,3 +182,46 @@ def test_cosmos3_makes_an_mp4_over_http(edge_folder):
         assert video.status == "completed", video
         frames = decode_mp4(client.videos.download_content(video.id).read())
     assert frames.shape == (5, 48, 32, 3) and frames.std() > 0
+
+
+def test_cosmos3_makes_an_image_over_http(edge_folder, served):
+    """/v1/images/generations on a video model that also serves images: its one-frame video, the
+    same pixels as the request through the nodes (PNG is lossless); bad input is a 400 naming it."""
+    openai = pytest.importorskip("openai")
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from mstar.api.app import create_app
+    from tests.api.live import LiveServer
+    from tests.serving.test_models_over_http import KEY, openai_client
+
+    folder, _ = edge_folder
+    spec, nodes = served
+    config = ServerConfig(
+        model=SPEC_PATH, model_path=str(folder), api_key=KEY, compile_mode="off", warmup=False
+    )
+    settings = {"num_inference_steps": 2, "guidance_scale": 6.0, "seed": 3}
+    with LiveServer(create_app(config, TinyCosmos3Spec())) as server:
+        client = openai_client(server)
+        shaped = client.images.generate(
+            model="tiny-cosmos3", prompt="a red cube on a table", size="48x32",
+            response_format="b64_json", extra_body=settings,
+        )  # fmt: skip
+        default = client.images.generate(model="tiny-cosmos3", prompt="a red cube", extra_body=settings)
+        with pytest.raises(openai.BadRequestError) as too_wide:
+            client.images.generate(model="tiny-cosmos3", prompt="a cube", size="1024x32")
+        with pytest.raises(openai.BadRequestError) as with_frames:
+            client.images.generate(model="tiny-cosmos3", prompt="a cube", extra_body={"num_frames": 5})
+        card = client.models.list().data[0]
+    image = np.asarray(Image.open(io.BytesIO(base64.b64decode(shaped.data[0].b64_json))))
+    fields = {"prompt": "a red cube on a table", "num_frames": 1, "width": 48, "height": 32, **settings}
+    assert shaped.size == "48x32" and image.shape == (32, 48, 3) and image.std() > 0
+    assert np.array_equal(image, run_ours(spec, nodes, fields)["frames"][0].numpy())
+    recipe = spec.config.recipe
+    assert default.size == f"{recipe.image_width}x{recipe.image_height}"  # the recipe's image size
+    assert too_wide.value.body["param"] == "width"
+    assert with_frames.value.body["param"] == "num_frames"
+    assert card.media_kinds == ["video", "image"]

@@ -1,5 +1,5 @@
 """Tiny Cosmos3 folders for CPU tests: diffusers' Cosmos3OmniPipeline with a tiny transformer, the
-tiny Wan VAE and a real byte-level tokenizer built offline, written with save_pretrained.
+tiny Wan VAE and the family's byte-level tokenizer built offline, written with save_pretrained.
 
     folder = write_tiny_folder(tmp_path / "cosmos3", variant="edge")
     pipe = diffusers.Cosmos3OmniPipeline.from_pretrained(folder)   # the parity reference
@@ -18,14 +18,9 @@ from typing import Any
 
 import torch
 
+from mstar.models.cosmos3.text import offline_tokenizer
 from mstar.models.wan22.config import tiny_wan22_config
 
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
-# A Qwen-style chat template: system and user turns, then the assistant's opening.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 TINY_VOCAB_SIZE = 264  # 256 byte symbols + the special tokens, rounded up
 
 _COMMON: dict[str, Any] = {
@@ -52,42 +47,6 @@ TINY_TRANSFORMERS: dict[str, dict[str, Any]] = {
         "use_und_k_norm_for_gen": True,
     },
 }
-
-
-def _byte_alphabet() -> list[str]:
-    """GPT-2's byte -> printable unicode map (what byte-level BPE vocabularies are written in)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = [], 0
-    for byte in range(256):
-        if byte in printable:
-            chars.append(chr(byte))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
-
-def tiny_tokenizer():
-    """A byte-level BPE tokenizer (tokenizers library, no merges) as transformers' TokenizersBackend,
-    the class AutoTokenizer loads for the published text_tokenizer folders."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {char: index for index, char in enumerate(_byte_alphabet())}
-    for token in SPECIAL_TOKENS:
-        vocab[token] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def randomize(module: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
@@ -147,7 +106,7 @@ def write_tiny_folder(
 
     pipe = Cosmos3OmniPipeline(
         transformer=tiny_transformer(variant),
-        text_tokenizer=tiny_tokenizer(),
+        text_tokenizer=offline_tokenizer(),
         vae=tiny_vae(),
         scheduler=tiny_scheduler(flow_shift, use_karras_sigmas),
         enable_safety_checker=False,
@@ -159,19 +118,7 @@ def write_tiny_folder(
 
 
 def load_reference(folder: Path):
-    """diffusers' pipeline from the folder (float32, as saved), on the CPU.
+    """diffusers' pipeline from the folder (float32, as saved), on the CPU."""
+    from mstar.models.cosmos3.reference import load_pipeline
 
-    The transformer is read from the folder's own config and safetensors and handed in:
-    Cosmos3OmniTransformer.from_pretrained needs `accelerate` (its fp32 time embedder forces
-    low_cpu_mem_usage), which this environment does not install; every other part comes from
-    Cosmos3OmniPipeline.from_pretrained."""
-    from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer
-    from safetensors.torch import load_file
-
-    transformer_dir = Path(folder) / "transformer"
-    transformer = Cosmos3OmniTransformer.from_config(Cosmos3OmniTransformer.load_config(str(transformer_dir)))
-    state = {}
-    for path in sorted(transformer_dir.glob("*.safetensors")):
-        state.update(load_file(str(path)))
-    transformer.load_state_dict(state, strict=True)
-    return Cosmos3OmniPipeline.from_pretrained(str(folder), transformer=transformer.eval())
+    return load_pipeline(folder)

@@ -1,0 +1,160 @@
+"""Cosmos3's parity hook (its bench entry's `parity`): Cosmos3OmniPipeline written with random
+weights of the Edge config (tiny: the CPU test config), the Wan VAE and the offline byte-level
+tokenizer, loaded back and run beside our nodes by mstar.bench.parity. Variants: t2v (the default),
+t2i (one frame) and i2v (a seeded first frame).
+
+There is no text encoder: the prompt's token ids go into the transformer's understanding pathway,
+so the prompt rows compare our token ids of both labels with the pipeline's tokenize_prompt, and
+the understanding pathway's parity shows in the latents. The folder's scheduler is written with the
+recipe's flow shift, so the pipeline (which reads its scheduler as saved) samples as we do."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from mstar.bench.parity import ParityCase, ParityFamily, parity_row
+from mstar.bench.parity_families import (
+    PROMPT,
+    SEED,
+    cast_like_pretrained,
+    device_dtype,
+    free_device_memory,
+    seeded_generator,
+    seeded_image,
+)
+from mstar.models.cosmos3.config import Cosmos3Config
+
+VARIANTS = ("t2v", "t2i", "i2v")
+
+
+def cosmos3_parity(variant: str | None = None, tiny: bool = False) -> ParityFamily:
+    from mstar.models.cosmos3.config import tiny_cosmos3_config
+    from mstar.models.cosmos3.model import Cosmos3Spec, TinyCosmos3Spec
+
+    variant = variant or "t2v"
+    if variant not in VARIANTS:
+        raise ValueError(f"cosmos3-edge: variant must be one of {', '.join(VARIANTS)}, got '{variant}'")
+    config = tiny_cosmos3_config() if tiny else Cosmos3Config()
+    r = config.recipe
+    if variant == "t2i":
+        width, height, num_frames = r.image_width, r.image_height, 1
+    else:
+        width, height, num_frames = r.video_width, r.video_height, r.num_frames
+    image = seeded_image(height, width, SEED) if variant == "i2v" else None
+    spec = TinyCosmos3Spec(config) if tiny else Cosmos3Spec(config)
+    return ParityFamily(
+        model="cosmos3-edge",
+        variant=variant,
+        spec=spec,
+        request={
+            "prompt": PROMPT,
+            "width": width,
+            "height": height,
+            "num_frames": num_frames,
+            "fps": int(r.fps),
+            "seed": SEED,
+        },  # fmt: skip
+        cases=[
+            ParityCase("1 step", 1, 1.0),
+            ParityCase(f"{r.num_inference_steps} steps", r.num_inference_steps, r.guidance_scale),
+        ],
+        write_folder=partial(write_folder, config),
+        load_reference=load_reference,
+        encode_reference=None,
+        run_reference=partial(run_pipeline, image=image),
+        input_image=image,
+        prompt_rows=partial(prompt_rows, spec),
+        notes=["no text encoder: the prompt rows count token ids that differ from the pipeline's"],
+    )
+
+
+def folder_config(config: Cosmos3Config) -> Cosmos3Config:
+    """The config with the recipe's flow shift in its scheduler (what both sides then read)."""
+    shift = config.recipe.flow_shift
+    if shift is None:
+        return config
+    return dataclasses.replace(config, scheduler=config.scheduler.with_flow_shift(shift))
+
+
+def diffusers_vae_config(config: Cosmos3Config) -> dict[str, Any]:
+    """AutoencoderKLWan's keyword arguments (lists where diffusers concatenates them)."""
+    values = dataclasses.asdict(config.vae)
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+
+def write_folder(config: Cosmos3Config, folder: Path, device: str, seed: int) -> None:
+    import torch
+    from diffusers import (
+        AutoencoderKLWan,
+        Cosmos3OmniPipeline,
+        Cosmos3OmniTransformer,
+        UniPCMultistepScheduler,
+    )
+
+    from mstar.models.checkpoint import randomize_
+    from mstar.models.cosmos3.reference import scheduler_dict
+    from mstar.models.cosmos3.text import offline_tokenizer
+
+    config = folder_config(config)
+    torch.manual_seed(seed)
+    # no action head (Edge's checkpoint has one; its mode is refused)
+    kwargs = {**config.transformer.to_dict(), "action_gen": False}
+    with torch.device(device):
+        transformer = randomize_(Cosmos3OmniTransformer(**kwargs), seed)
+        transformer = cast_like_pretrained(transformer, device_dtype(device))
+        vae = randomize_(AutoencoderKLWan(**diffusers_vae_config(config)), seed + 1)  # float32
+    pipe = Cosmos3OmniPipeline(
+        transformer=transformer.eval(), text_tokenizer=offline_tokenizer(), vae=vae.eval(),
+        scheduler=UniPCMultistepScheduler(**scheduler_dict(config)), enable_safety_checker=False,
+        default_use_system_prompt=config.pipeline.default_use_system_prompt,
+        use_native_flow_schedule=config.pipeline.use_native_flow_schedule,
+    )  # fmt: skip
+    pipe.save_pretrained(str(folder))
+    del pipe, transformer, vae
+    free_device_memory(device)
+
+
+def load_reference(folder: Path, device: str) -> Any:
+    from mstar.models.cosmos3.reference import load_pipeline
+
+    return load_pipeline(folder, device, device_dtype(device))
+
+
+def run_pipeline(pipe: Any, fields: dict[str, Any], output_type: str, image: Any = None) -> Any:
+    """The pipeline's first output: latents [C, F', h, w] (normalised, as ours) or frames
+    [F, H, W, 3] in [0, 1]."""
+    from PIL import Image
+
+    out = pipe(
+        fields["prompt"], negative_prompt=fields.get("negative_prompt"),
+        image=None if image is None else Image.fromarray(image), num_frames=fields["num_frames"],
+        height=fields["height"], width=fields["width"], fps=float(fields["fps"]),
+        num_inference_steps=fields["num_inference_steps"], guidance_scale=fields["guidance_scale"],
+        generator=seeded_generator(fields), output_type=output_type,
+    ).video  # fmt: skip
+    return out[0] if output_type == "latent" else out
+
+
+def prompt_rows(spec: Any, pipe: Any, nodes: dict[str, Any], fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """Our token ids of both labels (the default negative prompt '') against tokenize_prompt's."""
+    from mstar.graph import GenerationParams
+    from mstar.models.cosmos3.geometry import COND, UNCOND
+
+    params = spec.validate(GenerationParams(**fields, guidance_scale=2.0))  # both labels
+    ours = nodes["dit"].pipeline.prompt_ids(params)
+    cond, uncond = pipe.tokenize_prompt(
+        params.prompt, negative_prompt=None, num_frames=params.num_frames, height=params.height,
+        width=params.width, fps=float(params.fps),
+    )  # fmt: skip
+    rows = []
+    for quantity, label, theirs in (
+        ("prompt token ids", COND, cond),
+        ("negative prompt token ids ('')", UNCOND, uncond),
+    ):
+        mine = ours[label]
+        differing = sum(a != b for a, b in zip(mine, theirs, strict=False)) + abs(len(mine) - len(theirs))
+        rows.append(parity_row(quantity, "-", "ids differing", differing, None, "-", num_tokens=len(theirs)))
+    return rows
