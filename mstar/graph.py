@@ -66,6 +66,7 @@ class RequestState:
     params: RequestParams  # the spec's params_type
     tensors: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
+    warmup: bool = False  # a boot warmup request (its steps stay out of /metrics)
     # Set by the runtime while the request is in the last stage of its final walk, else None:
     # `emit_output(key, piece)` sends a piece of output `key` (axis 0, in order) to the caller at
     # once, so it can start on it (the MP4 muxer takes a clip's frames while later chunks decode).

@@ -50,6 +50,7 @@ class Job:
     walk_started_at: float = 0.0  # monotonic, when the walk was dispatched
     next_walk: str | None = None
     num_walks: int = 0
+    warmup: bool = False  # a boot warmup request (Runtime.start)
     workers: set[int] = field(default_factory=set)  # workers the current walk needs
     pieces: dict[str, list[np.ndarray]] = field(default_factory=dict)  # to join, for other callers
     inline_pieces: dict[str, list[Any]] = field(default_factory=dict)  # InlinePiece values, in order
@@ -90,6 +91,7 @@ class Conductor:
         timeout_s: float | None,
         request_id: str,
         stream_outputs: frozenset[str] = frozenset(),
+        warmup: bool = False,
     ) -> RequestHandle:
         if not self.accepting:
             raise Overloaded()
@@ -106,7 +108,7 @@ class Conductor:
         timeout_s = timeout_s if timeout_s is not None else self.config.request_timeout_s
         rid = f"{next(self._next_rid):x}"
         handle = RequestHandle(request_id, stream_outputs)
-        job = Job(rid, handle, params, dict(inputs or {}), now, now + timeout_s)
+        job = Job(rid, handle, params, dict(inputs or {}), now, now + timeout_s, warmup=warmup)
         self.jobs[rid] = job
         self.rids[request_id] = rid
         self.waiting.append(rid)
@@ -176,7 +178,9 @@ class Conductor:
         job.workers |= {w for w in (next_worker, previous_worker) if w is not None and w != m.CONDUCTOR}
         await_stash = previous_worker is not None and previous_worker != worker
         params = encode_params(job.params)
-        run = m.RunWalk(job.rid, job.handle.request_id, params, walk, next_worker, list(tensors), await_stash)
+        run = m.RunWalk(
+            job.rid, job.handle.request_id, params, walk, next_worker, list(tensors), await_stash, job.warmup
+        )
         down = [w for w in sorted(job.workers) if not self.pool.is_up(w)]
         if down or not self.pool.send(worker, run):
             self.store.unlink_all(list(tensors))
@@ -199,6 +203,8 @@ class Conductor:
                 log.error("request %s failed: %s", job.handle.request_id, message.message)
                 self._end(job, Failed(message.message, message.kind))
         elif isinstance(message, m.StepStats):
+            if message.warmup:  # may arrive after the warmup request ended (device times lag)
+                return
             self.metrics.observe_step(
                 message.node, message.batch_size, message.cost, message.duration_s, message.host_duration_s
             )

@@ -117,6 +117,7 @@ class StepStats(msgspec.Struct, tag=True, frozen=True):
     cost: int
     duration_s: float  # device time (CUDA events) on GPU workers, host time on CPU workers
     host_duration_s: float = 0.0  # host time of the forward: queueing, plus any wait for the device
+    warmup: bool = False  # every request of the batch was a boot warmup request (not in /metrics)
 
 
 class Recompiles(msgspec.Struct, tag=True, frozen=True):
@@ -145,6 +146,7 @@ class RunWalk(msgspec.Struct, tag=True, frozen=True):
     next_worker: int  # worker of the next walk's first node, or CONDUCTOR
     tensors: list[TensorRef] = []  # request inputs (first walk only)
     await_stash: bool = False  # the previous walk's outputs arrive from a peer as a Handoff "stash"
+    warmup: bool = False  # a boot warmup request: its steps stay out of /metrics
 
 
 class Release(msgspec.Struct, tag=True, frozen=True):

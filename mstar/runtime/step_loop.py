@@ -80,6 +80,8 @@ class StepLoop:
             return
         params = lambda: decode_params(message.params, self.spec.params_type)  # noqa: E731
         request = self.table.get_or_create(message.rid, message.request_id, params)
+        if isinstance(message, m.RunWalk) and message.warmup:  # a peer's Handoff may come first
+            request.state.warmup = True
         try:
             tensors = import_tensors(self.store, list(message.tensors))
         except Exception as exc:

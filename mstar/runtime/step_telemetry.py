@@ -47,7 +47,8 @@ class StepTelemetry:
 
         def done(batch: list[RequestState], cost: int) -> None:
             host_s = time.perf_counter() - started
-            self.step_timer.stop(timing, (node.name, len(batch), cost, host_s))
+            warmup = all(request.warmup for request in batch)
+            self.step_timer.stop(timing, (node.name, len(batch), cost, host_s, warmup))
             self.tracer.after_forward(node.name, batch)
             self.step_timer.bound_in_flight(MAX_STEPS_IN_FLIGHT)
             self.report_step_times()
@@ -59,8 +60,8 @@ class StepTelemetry:
 
     def report_step_times(self) -> None:
         """StepStats for the steps whose device time is known by now (see StepTimer)."""
-        for (name, batch_size, cost, host_s), duration_s in self.step_timer.collect():
-            self.to_conductor(m.StepStats(name, batch_size, cost, duration_s, host_s))
+        for (name, batch_size, cost, host_s, warmup), duration_s in self.step_timer.collect():
+            self.to_conductor(m.StepStats(name, batch_size, cost, duration_s, host_s, warmup))
 
     def forget(self, request_id: str) -> None:
         self.tracer.forget(request_id)

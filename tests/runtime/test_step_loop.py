@@ -93,6 +93,18 @@ def test_requests_join_and_leave_the_loop_between_steps(loop, store, sent):
     assert outputs_of(sent, store, "short")["batch_sizes"].tolist() == [2, 2]
 
 
+def test_steps_of_boot_warmup_requests_are_marked_for_the_conductor_to_leave_out(loop, store, sent):
+    seed_tensors = {"embeds": np.full(4, 1, np.float32), "aux": np.arange(3, dtype=np.float32)}
+    refs = export_tensors(store, "w", seed_tensors)
+    params = encode_params(FakeParams(seed=1, steps=2))
+    loop.handle(m.RunWalk("w", "warmup-0", params, "generate", m.CONDUCTOR, refs, warmup=True))
+    run_until_idle(loop)
+    start_generate(loop, store, "a", steps=2)
+    run_until_idle(loop)
+    marks = [s.warmup for s in sent if isinstance(s, m.StepStats) and s.node == "denoiser"]
+    assert marks == [True, True, False, False]  # the conductor drops the first two from /metrics
+
+
 def test_batch_key_separates_requests(loop, store, sent):
     start_generate(loop, store, "a", steps=3, key="x")
     start_generate(loop, store, "b", steps=3, key="y")
