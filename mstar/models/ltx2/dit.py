@@ -32,7 +32,7 @@ from mstar.models.ltx2.dit_block import (
     LTX2Block,
     StreamRows,
 )
-from mstar.models.ltx2.dit_layers import AdaLayerNormSingle, TextProjection
+from mstar.models.ltx2.dit_layers import AdaLayerNormSingle
 from mstar.models.ltx2.dit_pack import (
     DiTInput,
     Layout,
@@ -43,6 +43,7 @@ from mstar.models.ltx2.dit_pack import (
     unpatchify_audio,
     unpatchify_video,
 )
+from mstar.models.wan22.dit_layers import TextProjection  # the same PixArtAlphaTextProjection
 
 __all__ = ["DiTInput", "LTX2DiT"]
 

@@ -85,18 +85,6 @@ class AdaLayerNormSingle(nn.Module):
         return modulation.unflatten(1, (self.num_params, -1)), embedded
 
 
-class TextProjection(nn.Module):
-    """diffusers PixArtAlphaTextProjection (tanh GELU): caption features -> the stream's width."""
-
-    def __init__(self, in_features: int, dim: int):
-        super().__init__()
-        self.linear_1 = nn.Linear(in_features, dim)
-        self.linear_2 = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(F.gelu(self.linear_1(x), approximate="tanh"))
-
-
 class _GeluProj(nn.Module):
     def __init__(self, dim_in: int, dim_out: int, bias: bool):
         super().__init__()
