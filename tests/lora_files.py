@@ -4,6 +4,7 @@ add_adapter with random A and B, and the pipeline mixin's save_lora_weights (wit
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from safetensors.torch import save_file
@@ -13,9 +14,12 @@ def linear_names(model: torch.nn.Module) -> list[str]:
     return sorted(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
 
 
-def save_peft_adapter(model, mixin, folder, name: str, modules: list[str], seed: int, **config) -> str:
+def save_peft_adapter(
+    model, mixin, folder, name: str, modules: list[str], seed: int, b_std: float = 0.2, **config
+) -> str:
     """Add a PEFT adapter `name` on `modules` of `model` (random A and B), save it as diffusers does
-    into lora_dir/<name>/pytorch_lora_weights.safetensors, and remove it from the model again."""
+    into lora_dir/<name>/pytorch_lora_weights.safetensors, and remove it from the model again.
+    b_std: the spread of B (PEFT's random init leaves it small)."""
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
@@ -27,7 +31,7 @@ def save_peft_adapter(model, mixin, folder, name: str, modules: list[str], seed:
     with torch.no_grad():  # PEFT's random init leaves B small; make the update visible
         for module in model.modules():
             if hasattr(module, "lora_B") and name in module.lora_B:
-                module.lora_B[name].weight.normal_(0, 0.2)
+                module.lora_B[name].weight.normal_(0, b_std)
     state = get_peft_model_state_dict(model, adapter_name=name)
     metadata = model.peft_config[name].to_dict()
     path = os.path.join(folder, name)
@@ -72,3 +76,53 @@ def psnr_db(ours: torch.Tensor, reference: torch.Tensor) -> float:
     error = (ours.double() - reference.double()).pow(2).mean().item()
     peak = reference.double().abs().max().item()
     return float("inf") if error == 0 else 10 * torch.log10(torch.tensor(peak**2 / error)).item()
+
+
+class WaitingForAdapters:
+    """A DiT node as the step loop drives it: requests are prepared when they arrive (their adapters
+    start loading) and a batch rides only once their adapters are ready (the node's readiness
+    hook), polled with a hang guard."""
+
+    def __init__(self, node, timeout_s: float = 60.0):
+        self.node = node
+        self.timeout_s = timeout_s
+
+    def __getattr__(self, name):
+        return getattr(self.node, name)
+
+    def forward(self, batch):
+        for request in batch:  # the step loop prepares a request when it enters the node
+            if self.node.name not in request.state:
+                self.node.prepare(request)
+        deadline = time.monotonic() + self.timeout_s
+        while not all(self.node.ready(request) for request in batch):
+            assert time.monotonic() < deadline, "adapters never became ready"
+            time.sleep(0.01)
+        self.node.forward(batch)
+
+
+def random_adapter(layers, model, rank: int, seed: int, b_std: float = 0.1) -> dict:
+    """A random adapter (mstar.engine.lora.weights.ModuleLora per diffusers module) on every module
+    `layers` wraps in `model`."""
+    from mstar.engine.lora.weights import ModuleLora
+
+    generator = torch.Generator().manual_seed(seed)
+    adapter = {}
+    for target in layers.targets:
+        in_features = model.get_submodule(target.module).in_features
+        for piece in target.slices:
+            down = torch.randn(rank, in_features, generator=generator) / in_features**0.5
+            up = b_std * torch.randn(piece.out_features, rank, generator=generator)
+            adapter[piece.source] = ModuleLora(down, up)
+    return adapter
+
+
+def fixed_serving(layers, adapters: dict):
+    """The LoraServing a pipeline's predict drives, over adapters already written into their slots
+    (request id -> [(slot, scale)]) in place of the device LRU."""
+    from types import SimpleNamespace
+
+    from mstar.engine.lora.serving import LoraServing
+
+    store = SimpleNamespace(device=torch.device("cpu"), adapters=lambda rid: adapters.get(rid, []))
+    return LoraServing(layers, store)

@@ -65,8 +65,11 @@ class LoraServing:
     def release(self, request_id: str) -> None:
         self.store.release(request_id)
 
-    def adapters(self, request_id: str) -> list[tuple[int, float]]:
-        """(slot, scale) of the request's adapters; [] for a request without any."""
+    def adapters(self, request_id: str | None) -> list[tuple[int, float]]:
+        """(slot, scale) of the request's adapters; [] for a request without any, and for None
+        (rows no request owns: padding)."""
+        if request_id is None:
+            return []
         if self._warmup_width:
             return [(1, 0.0)] * self._warmup_width
         return self.store.adapters(request_id)
@@ -85,8 +88,9 @@ class LoraServing:
     def warm(self, width: int) -> None:
         self._warmup_width = width
 
-    def set_step(self, layout: str, lengths: Sequence[int], request_ids: Sequence[str]) -> None:
-        """The step's rows of `layout`: segment i (lengths[i] rows) applies request_ids[i]'s adapters."""
+    def set_step(self, layout: str, lengths: Sequence[int], request_ids: Sequence[str | None]) -> None:
+        """The step's rows of `layout`: segment i (lengths[i] rows) applies request_ids[i]'s
+        adapters (None: none)."""
         adapters = [self.adapters(rid) for rid in request_ids]
         self.context.set(layout, LoraRows.build(lengths, adapters, self.device, self.dtype))
 

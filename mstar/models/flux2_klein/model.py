@@ -25,6 +25,7 @@ from mstar.models.flux2_klein.geometry import (
     Flux2KleinGeometry,
     reference_pixel_size,
 )
+from mstar.models.flux2_klein.lora_keys import FLUX2_LORA_KEYS
 from mstar.models.validation import (
     check_prompts,
     guidance_in,
@@ -61,6 +62,7 @@ class Flux2KleinSpec(ModelSpec):
     params_type = Flux2KleinParams
     node_names = ("text_encoder", "vae_encoder", "dit", "vae_decoder")
     max_reference_images = MAX_REFERENCE_IMAGES
+    lora_keys = FLUX2_LORA_KEYS
     walks = {
         "encode_text": Walk("encode_text", ("text_encoder",)),
         "t2i": Walk("t2i", (Loop("dit"), "vae_decoder"), outputs=("frames",)),

@@ -82,12 +82,17 @@ def _dit_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | Non
     def load():
         return build_dit(config.transformer, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
 
+    from mstar.models.flux2_klein.lora import flux2_lora_targets
+    from mstar.models.flux2_klein.lora_keys import FLUX2_LORA_KEYS
     from mstar.models.flux2_klein.optimize import optimize
 
     def pipeline(dit, attention) -> Flux2KleinPipeline:
         return Flux2KleinPipeline(config, ctx.device, dit=dit, attention=attention)
 
-    return build_dit_node(ctx, dtype, "flux2.dit", load=load, pipeline=pipeline, optimize=optimize)
+    return build_dit_node(
+        ctx, dtype, "flux2.dit", load=load, pipeline=pipeline, optimize=optimize,
+        lora_targets=flux2_lora_targets, lora_keys=FLUX2_LORA_KEYS,
+    )  # fmt: skip
 
 
 def _vae_decoder_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:

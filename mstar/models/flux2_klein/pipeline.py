@@ -24,6 +24,7 @@ from mstar.graph import RequestState, reference_image_input
 from mstar.models.flux2_klein.config import Flux2KleinConfig
 from mstar.models.flux2_klein.dit import DiTInput
 from mstar.models.flux2_klein.geometry import Flux2KleinGeometry
+from mstar.models.flux2_klein.lora import set_step_rows
 from mstar.models.flux2_klein.model import Flux2KleinParams
 from mstar.models.flux2_klein.references import prepare_reference
 from mstar.models.flux2_klein.schedule import make_sampler
@@ -61,6 +62,7 @@ class Flux2KleinPipeline:
         self.text_encoder, self.vae_encoder = text_encoder, vae_encoder
         self.dit, self.attention = dit, attention
         self.vae, self.decoder = vae, decoder
+        self.lora = None  # mstar.engine.lora.serving.LoraServing when the server has adapters
 
     # ---- 1. prompts (text_encoder node) -----------------------------------------------------
 
@@ -129,6 +131,10 @@ class Flux2KleinPipeline:
             )  # fmt: skip
             for item in items
         ]
+        if self.lora is not None:  # next to the attention plan: one segment per item in each stream
+            set_step_rows(
+                self.lora, [dit_input.tokens() for dit_input in inputs], [i.request_id for i in items]
+            )
         return [out.float() for out in self.dit(inputs, self.attention)]
 
     def guide(self, outputs: dict[str, torch.Tensor], guidance_scale: float) -> torch.Tensor:

@@ -25,6 +25,7 @@ from mstar.models.validation import (
 from mstar.models.warmup import sized_warmup_requests
 from mstar.models.zimage.config import REAL, ZImageConfig
 from mstar.models.zimage.geometry import ZImageGeometry
+from mstar.models.zimage.lora_keys import ZIMAGE_LORA_KEYS
 from mstar.params import ImageParams
 
 SIZE_MULTIPLE = 16  # VAE 8x times patch 2
@@ -50,6 +51,7 @@ class ZImageSpec(ModelSpec):
     output_kind = "image"
     params_type = ZImageParams
     node_names = ("text_encoder", "dit", "vae_decoder")
+    lora_keys = ZIMAGE_LORA_KEYS
     walks = {
         "encode_text": Walk("encode_text", ("text_encoder",)),
         "t2i": Walk("t2i", (Loop("dit"), "vae_decoder"), outputs=("frames",)),

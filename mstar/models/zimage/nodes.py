@@ -64,6 +64,8 @@ def _text_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, 
 
 
 def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
+    from mstar.models.zimage.lora import zimage_lora_targets
+    from mstar.models.zimage.lora_keys import ZIMAGE_LORA_KEYS
     from mstar.models.zimage.optimize import optimize
 
     def load():
@@ -72,7 +74,10 @@ def _dit_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, d
     def pipeline(dit, attention) -> ZImagePipeline:
         return ZImagePipeline(config, ctx.device, dit=dit, attention=attention)
 
-    return build_dit_node(ctx, dtype, "zimage.dit", load=load, pipeline=pipeline, optimize=optimize)
+    return build_dit_node(
+        ctx, dtype, "zimage.dit", load=load, pipeline=pipeline, optimize=optimize,
+        lora_targets=zimage_lora_targets, lora_keys=ZIMAGE_LORA_KEYS,
+    )  # fmt: skip
 
 
 def _vae_node(config: ZImageConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:

@@ -24,6 +24,7 @@ from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
 from mstar.models.zimage.config import SchedulerConfig, ZImageConfig
 from mstar.models.zimage.dit import DiTInput
 from mstar.models.zimage.geometry import ZImageGeometry
+from mstar.models.zimage.lora import CAPTION, set_step_rows
 from mstar.models.zimage.model import ZImageParams
 
 REFINED_CAPTIONS = "refined_captions"  # condition key: label -> [padded L, dim], from the first step
@@ -73,6 +74,7 @@ class ZImagePipeline:
         self.device = torch.device(device)
         self.text_encoder, self.dit, self.attention = text_encoder, dit, attention
         self.vae, self.decoder = vae, decoder
+        self.lora = None  # mstar.engine.lora.serving.LoraServing when the server has adapters
 
     # ---- 1. prompts (text_encoder node) -----------------------------------------------------
 
@@ -109,15 +111,24 @@ class ZImagePipeline:
     @torch.inference_mode()
     def predict(self, items: list[DenoiseItem]) -> list[torch.Tensor]:
         """Every item of the step through one packed DiT forward. A caption's context-refiner
-        output is computed at its request's first step and kept."""
+        output is computed at its request's first step and kept (with the request's adapters:
+        the caption rows apply them too)."""
         inputs = []
         for item in items:
             caption = item.text.to(self.device)
-            refine = partial(self.dit.refine_caption, caption, self.attention)
-            refined = kept_per_label(item, REFINED_CAPTIONS, refine)
+            refined = kept_per_label(item, REFINED_CAPTIONS, partial(self._refine, item, caption))
             timestep = model_timestep(item.timestep)
             inputs.append(DiTInput(item.latents.to(self.device), timestep, caption, refined_caption=refined))
+        if self.lora is not None:  # next to the attention plans: one segment per item in each layout
+            geometries = [self.dit.geometry(dit_input) for dit_input in inputs]
+            set_step_rows(self.lora, geometries, [item.request_id for item in items])
         return [-out.float() for out in self.dit(inputs, self.attention)]  # the scheduler wants -velocity
+
+    def _refine(self, item: DenoiseItem, caption: torch.Tensor) -> torch.Tensor:
+        if self.lora is None:
+            return self.dit.refine_caption(caption, self.attention)
+        with self.lora.only(item.request_id, CAPTION):
+            return self.dit.refine_caption(caption, self.attention)
 
     def guide(self, outputs: dict[str, torch.Tensor], guidance_scale: float) -> torch.Tensor:
         """The pipeline's rule: pos + scale * (pos - neg) (no truncation or renormalisation)."""
