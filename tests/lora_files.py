@@ -126,3 +126,14 @@ def fixed_serving(layers, adapters: dict):
 
     store = SimpleNamespace(device=torch.device("cpu"), adapters=lambda rid: adapters.get(rid, []))
     return LoraServing(layers, store)
+
+
+def compiles_of(parts) -> list[int]:
+    """Compiles so far of each compiled part (mstar.engine.compile.CompiledParts)."""
+    return [part.num_compiles for part in parts.parts]
+
+
+def predict_with(pipeline, layers, items, adapters: dict):
+    """One packed step through the pipeline's predict, request i applying adapters[rid] (slot, scale)."""
+    pipeline.lora = fixed_serving(layers, adapters)
+    return pipeline.predict(items)
