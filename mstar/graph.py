@@ -142,6 +142,7 @@ class BuildContext:
     model_path: str | None = None
     random_weights: bool = False
     progress: Any = None  # callable(str, done, total) for load and warmup bars
+    wake: Any = None  # callable(), from any thread: a request turned ready off the step loop
 
 
 @dataclass(frozen=True)

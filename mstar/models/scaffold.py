@@ -119,7 +119,7 @@ def build_dit_node(
         if lora_targets is not None and server.lora_dir:
             from mstar.engine.lora.serving import attach_lora
 
-            lora = attach_lora(model, lora_targets, server, lora_keys)
+            lora = attach_lora(model, lora_targets, server, lora_keys, on_loaded=ctx.wake)
 
     dit, compiled = speed_up(load(), optimize, fuse, kernels, mode, label, wrap=wrap)
     family_pipeline = pipeline(dit, attention)

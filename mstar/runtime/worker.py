@@ -28,8 +28,9 @@ from mstar.runtime import messages as m
 from mstar.runtime.shm import SegmentStore
 from mstar.runtime.step_loop import StepLoop
 from mstar.runtime.transport import Outboxes, StepOutbox, bind_inbox, connect_push, receive, send
+from mstar.runtime.waker import Waker
 
-IDLE_POLL_MS = 100  # the poll returns as soon as a message comes: this only paces idle checks
+IDLE_POLL_MS = 100  # the poll returns as soon as a message or a wake comes: this only paces idle checks
 FLUSH_ON_EXIT_MS = 1000
 # sent by the hundred per step (a text model's token pieces): they leave together at the boundary
 COALESCED = (m.InlinePiece, m.StepProgress, m.StepStats, m.NodeEvents)
@@ -38,7 +39,7 @@ log = logging.getLogger("mstar.worker")
 
 
 def build_group(
-    boot: m.WorkerBoot, progress: Callable[[str, int, int], None]
+    boot: m.WorkerBoot, progress: Callable[[str, int, int], None], wake: Callable[[], None] | None = None
 ) -> tuple[ServerConfig, ModelSpec, dict[str, Node], dict[str, int]]:
     config = ServerConfig.model_validate_json(boot.config_json)
     spec = get_model_spec(boot.spec_path)
@@ -54,6 +55,7 @@ def build_group(
         model_path=config.model_path,
         random_weights=config.random_weights,
         progress=progress,
+        wake=wake,
     )
     built = _timed_build_nodes(spec, context)
     missing = [name for name in group.nodes if name not in built]
@@ -109,6 +111,7 @@ class Worker:
         self.outbox = StepOutbox(self.conductor, COALESCED)  # the step loop's messages
         self.peers = Outboxes(self.context)
         self.store = SegmentStore(boot.segment_dir, boot.segment_prefix)
+        self.waker = Waker()  # nodes wake the idle poll when a request turns ready off the loop
         self.parent_pid = os.getppid() if parent_pid is None else parent_pid
         self.heartbeat_interval_s = ServerConfig.model_validate_json(boot.config_json).heartbeat_interval_s
         self.loop: StepLoop | None = None
@@ -119,7 +122,7 @@ class Worker:
 
     def boot_nodes(self) -> bool:
         try:
-            _, spec, nodes, owner = build_group(self.boot, self._boot_progress)
+            _, spec, nodes, owner = build_group(self.boot, self._boot_progress, self.waker.wake)
         except Exception as exc:
             log.exception("worker %d failed to boot", self.boot.worker)
             send(
@@ -152,7 +155,9 @@ class Worker:
     def serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
+        poller.register(self.waker.fileno(), zmq.POLLIN)
         while not self.stopping and self._parent_alive():
+            self.waker.clear()  # a wake before this is seen by has_work; a later one ends the poll
             self._drain(poller, 0 if self.loop.has_work() else IDLE_POLL_MS)
             if not self.stopping:
                 self.loop.run_round(lambda: self._drain(poller, 0))
@@ -242,6 +247,7 @@ class Worker:
         self.inbox.close(linger=0)
         self.conductor.close(linger=FLUSH_ON_EXIT_MS)
         self.context.term()
+        self.waker.close()
 
 
 def main(argv: list[str] | None = None) -> int:

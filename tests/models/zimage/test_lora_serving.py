@@ -57,7 +57,7 @@ def lora_dir(tmp_path_factory):
     return folder, paths
 
 
-def _nodes(model_folder, lora_dir=None):
+def _nodes(model_folder, lora_dir=None, wake=None):
     spec = ZImageSpec(TINY)
     config = ServerConfig(
         model="z-image-turbo",
@@ -65,7 +65,9 @@ def _nodes(model_folder, lora_dir=None):
         warmup=False,
         lora_dir=None if lora_dir is None else str(lora_dir),
     )
-    ctx = BuildContext(config=config, device="cpu", node_names=spec.node_names, model_path=str(model_folder))
+    ctx = BuildContext(
+        config=config, device="cpu", node_names=spec.node_names, model_path=str(model_folder), wake=wake
+    )
     nodes = spec.build_nodes(ctx)
     return {**nodes, "dit": WaitingForAdapters(nodes["dit"])}
 
@@ -139,3 +141,19 @@ def test_an_adapter_for_another_model_fails_its_request_alone(tiny_folder, lora_
     dit.release(bad)
     WaitingForAdapters(dit).forward([good])
     dit.release(good)
+
+
+def test_a_finished_load_wakes_the_step_loop(tiny_folder, lora_dir):
+    """The worker's wake (BuildContext.wake) is called from the loader thread once a request's
+    adapter is read, so the request starts without waiting for the idle poll."""
+    import threading
+
+    woken = threading.Event()
+    nodes = _nodes(tiny_folder[0], lora_dir[0], wake=woken.set)
+    state = request("w", num_inference_steps=2, guidance_scale=0.0, seed=3, lora=(LoraChoice("b"),))
+    nodes["text_encoder"].forward([state])
+    dit = nodes["dit"].node
+    dit.prepare(state)
+    assert woken.wait(60)  # a hang guard: tiny adapters load in milliseconds
+    assert dit.ready(state)
+    dit.release(state)
