@@ -132,3 +132,27 @@ def test_dit_with_two_adapters_matches_diffusers(adapters):
     theirs.disable_lora()
     base = _diffusers_velocity(theirs, item)
     assert psnr_db(got, base) < 40  # the adapters change the output
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["condition_embedder.time_embedder.linear_1", "condition_embedder.time_proj", "time_embedding.2"],
+)
+def test_an_adapter_on_the_timestep_embedder_is_refused_naming_the_module(module):
+    """The timestep embedder and time_proj run one row per item outside the packed step and take no
+    LoRA: an adapter updating one (diffusers' or the original checkpoint's name) fails when loaded."""
+    from mstar.adapters import AdapterFileError
+    from mstar.models.wan22.lora import wan_lora_targets
+
+    dit = WanDiT(tiny_wan22_config().dit)
+    layers = LoraLayers(dit, wan_lora_targets(dit), num_slots=1, max_rank=8)
+    tensors = {
+        "transformer.blocks.0.attn1.to_q.lora_A.weight": torch.zeros(4, dit.blocks[0].attn1.to_q.in_features),
+        "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.zeros(
+            dit.blocks[0].attn1.to_q.out_features, 4
+        ),
+        f"transformer.{module}.lora_A.weight": torch.zeros(4, 8),
+        f"transformer.{module}.lora_B.weight": torch.zeros(8, 4),
+    }
+    with pytest.raises(AdapterFileError, match=module.replace(".", r"\.")):
+        convert_adapter(tensors, {}, WAN22_LORA_KEYS, layers.modules)
