@@ -117,14 +117,14 @@ def random_adapter(layers, model, rank: int, seed: int, b_std: float = 0.1) -> d
     return adapter
 
 
-def fixed_serving(layers, adapters: dict):
+def fixed_serving(layers, adapters: dict, device: str = "cpu"):
     """The LoraServing a pipeline's predict drives, over adapters already written into their slots
     (request id -> [(slot, scale)]) in place of the device LRU."""
     from types import SimpleNamespace
 
     from mstar.engine.lora.serving import LoraServing
 
-    store = SimpleNamespace(device=torch.device("cpu"), adapters=lambda rid: adapters.get(rid, []))
+    store = SimpleNamespace(device=torch.device(device), adapters=lambda rid: adapters.get(rid, []))
     return LoraServing(layers, store)
 
 
@@ -135,5 +135,5 @@ def compiles_of(parts) -> list[int]:
 
 def predict_with(pipeline, layers, items, adapters: dict):
     """One packed step through the pipeline's predict, request i applying adapters[rid] (slot, scale)."""
-    pipeline.lora = fixed_serving(layers, adapters)
+    pipeline.lora = fixed_serving(layers, adapters, str(pipeline.device))
     return pipeline.predict(items)

@@ -1,12 +1,13 @@
-"""`python -m mstar.bench.lora_step`: a served Wan2.2 DiT step with per-request LoRA on this GPU.
+"""`python -m mstar.bench.lora_step`: a served DiT step with per-request LoRA on this GPU, per family.
 
-Builds the Wan2.2-TI2V-5B DiT (seeded random weights, bf16) as the server does (optimize -> LoRA
-layers -> compile), writes four rank-32 adapter files (every Linear the family takes LoRA on) into
-a temporary lora_dir, loads them through the adapter store (the per-adapter load time: read,
-convert, pack, copy to a slot) and times one packed step of four 832x480x33 requests with guidance
-(8 segments) through the pipeline's predict: with four different adapters (one per request)
-against the same pack without adapters. `--tiny` runs the tiny config on the CPU (a smoke test).
-Prints one line per measurement.
+For each family (Wan2.2-TI2V-5B at 832x480x33 with guidance, Z-Image-Turbo at 1024x1024,
+FLUX.2 [klein] 4B at 1024x1024) builds the DiT (seeded random weights, bf16) as the server does
+(optimize -> LoRA layers -> compile), writes four rank-32 adapter files (every Linear the family
+takes LoRA on) into a temporary lora_dir, loads them through the adapter store (the per-adapter
+load time: read, convert, pack) and times one packed step of four requests through the pipeline's
+predict: with four different adapters (one per request) against the same pack without adapters
+(goal: <= 10% slower). `--family` picks some; `--tiny` runs the tiny configs on the CPU (a smoke
+test). Prints one line per measurement.
 """
 
 from __future__ import annotations
@@ -15,14 +16,114 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
 from mstar.diffusion.denoise import COND, UNCOND, DenoiseItem
 
 RANK, NUM_REQUESTS = 32, 4
-WIDTH, HEIGHT, NUM_FRAMES = 832, 480, 33
+LOAD_TIMEOUT_S = 600
+
+
+@dataclass
+class FamilyBench:
+    """One family's served DiT and a step's items: `items(prefix)` are NUM_REQUESTS requests'
+    (request ids prefix0, prefix1, ...), every label of each."""
+
+    name: str
+    workload: str  # what one request is, for the printed line
+    dit: Any
+    optimize: Callable[..., Any]
+    targets: Callable[[Any], list]
+    rules: Any
+    pipeline: Callable[[Any, Any], Any]  # (dit, attention) -> the family's pipeline
+    items: Callable[[str], list[DenoiseItem]]
+
+
+def _wan(tiny: bool, device: str, dtype: torch.dtype) -> FamilyBench:
+    from mstar.models.wan22.config import Wan22Config, tiny_wan22_config
+    from mstar.models.wan22.dit import WanDiT
+    from mstar.models.wan22.lora import wan_lora_targets
+    from mstar.models.wan22.lora_keys import WAN22_LORA_KEYS
+    from mstar.models.wan22.optimize import optimize
+    from mstar.models.wan22.pipeline import WanPipeline
+
+    config = tiny_wan22_config() if tiny else Wan22Config()
+    width, height, frames = (32, 48, 5) if tiny else (832, 480, 33)
+    torch.manual_seed(0)
+    with torch.device(device):
+        dit = WanDiT(config.dit)
+    shape = WanPipeline(config, device, dtype).geometry.latent_shape(width, height, frames)
+    text = torch.randn(config.max_text_tokens, config.dit.text_dim, device=device)
+
+    def items(prefix: str) -> list[DenoiseItem]:
+        return [DenoiseItem(f"{prefix}{i}", label, torch.randn(shape, device=device), 500.0, 0.5, 0, text, {})
+                for i in range(NUM_REQUESTS) for label in (COND, UNCOND)]  # fmt: skip
+
+    return FamilyBench(
+        "wan2.2", f"{width}x{height}x{frames}, 2 labels", dit.to(device, dtype), optimize, wan_lora_targets,
+        WAN22_LORA_KEYS, lambda dit, attention: WanPipeline(config, device, dtype, dit=dit, attention=attention),
+        items,
+    )  # fmt: skip
+
+
+def _zimage(tiny: bool, device: str, dtype: torch.dtype) -> FamilyBench:
+    from mstar.models.zimage.bench import TEXT_TOKENS
+    from mstar.models.zimage.config import REAL, TINY
+    from mstar.models.zimage.lora import zimage_lora_targets
+    from mstar.models.zimage.lora_keys import ZIMAGE_LORA_KEYS
+    from mstar.models.zimage.optimize import optimize
+    from mstar.models.zimage.pipeline import ZImagePipeline
+    from mstar.models.zimage.weights import build_dit
+
+    config = TINY if tiny else REAL
+    width, height = (48, 40) if tiny else (1024, 1024)
+    latent = ZImagePipeline(config, device).geometry.latent_size(width, height)
+    caption = torch.randn(16 if tiny else TEXT_TOKENS, config.dit.cap_feat_dim, device=device)
+
+    def items(prefix: str) -> list[DenoiseItem]:
+        latents = [torch.randn(config.dit.in_channels, *latent, device=device) for _ in range(NUM_REQUESTS)]
+        return [
+            DenoiseItem(f"{prefix}{i}", COND, x, 500.0, 0.5, 0, caption, {}) for i, x in enumerate(latents)
+        ]
+
+    return FamilyBench(
+        "z-image", f"{width}x{height}", build_dit(config.dit, device, dtype), optimize, zimage_lora_targets,
+        ZIMAGE_LORA_KEYS, lambda dit, attention: ZImagePipeline(config, device, dit=dit, attention=attention),
+        items,
+    )  # fmt: skip
+
+
+def _flux2(tiny: bool, device: str, dtype: torch.dtype) -> FamilyBench:
+    from mstar.models.flux2_klein.config import KLEIN_4B, TINY
+    from mstar.models.flux2_klein.lora import flux2_lora_targets
+    from mstar.models.flux2_klein.lora_keys import FLUX2_LORA_KEYS
+    from mstar.models.flux2_klein.optimize import optimize
+    from mstar.models.flux2_klein.pipeline import Flux2KleinPipeline
+    from mstar.models.flux2_klein.weights import build_dit
+
+    config = TINY if tiny else KLEIN_4B
+    width, height = (48, 64) if tiny else (1024, 1024)
+    grid = Flux2KleinPipeline(config, device).geometry.latent_grid(width, height)
+    transformer = config.transformer
+    text = torch.randn(config.max_sequence_length, transformer.joint_attention_dim, device=device)
+
+    def items(prefix: str) -> list[DenoiseItem]:
+        latents = [torch.randn(transformer.in_channels, *grid, device=device) for _ in range(NUM_REQUESTS)]
+        return [DenoiseItem(f"{prefix}{i}", COND, x, 500.0, 0.5, 0, text, {}) for i, x in enumerate(latents)]
+
+    return FamilyBench(
+        "flux2-klein", f"{width}x{height}", build_dit(transformer, device, dtype), optimize, flux2_lora_targets,
+        FLUX2_LORA_KEYS, lambda dit, attention: Flux2KleinPipeline(config, device, dit=dit, attention=attention),
+        items,
+    )  # fmt: skip
+
+
+FAMILIES = {"wan2.2": _wan, "z-image": _zimage, "flux2-klein": _flux2}
 
 
 def _write_adapters(folder: str, dit, targets, rank: int) -> list[str]:
@@ -59,26 +160,32 @@ def _time_ms(fn, device: str, repeats: int) -> float:
     return start.elapsed_time(end) / repeats
 
 
-def bench_wan(tiny: bool, device: str, repeats: int = 10) -> None:
+def _load(lora, folder: str, names: list[str], family: str) -> None:
+    """Acquire one adapter per request through the store and wait until all are resident."""
+    from mstar.params import LoraChoice
+
+    for index, name in enumerate(names):
+        lora.acquire(f"r{index}", [LoraChoice(name, 1.0)])
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    while not all(lora.ready(f"r{i}") for i in range(NUM_REQUESTS)):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{family}: adapters did not load in {LOAD_TIMEOUT_S} s")
+        time.sleep(0.01)
+    load_ms = [1000 * s for s in lora.store.stats.load_s]
+    size_mb = os.path.getsize(os.path.join(folder, f"{names[0]}.safetensors")) / 2**20
+    print(f"{family}: load a rank-{RANK} adapter ({size_mb:.0f} MiB, {len(lora.layers.layers)} layers): "
+          f"{min(load_ms):.0f}-{max(load_ms):.0f} ms (read, convert, pack; off the step loop)", flush=True)  # fmt: skip
+
+
+def bench_family(name: str, tiny: bool, device: str, repeats: int = 10) -> None:
     from mstar.engine.attention import build_attention
     from mstar.engine.compile import effective_mode
     from mstar.engine.lora.serving import attach_lora
     from mstar.models.scaffold import speed_up, speed_ups
-    from mstar.models.wan22.config import Wan22Config, tiny_wan22_config
-    from mstar.models.wan22.dit import WanDiT
-    from mstar.models.wan22.lora import wan_lora_targets
-    from mstar.models.wan22.lora_keys import WAN22_LORA_KEYS
-    from mstar.models.wan22.optimize import optimize
-    from mstar.models.wan22.pipeline import WanPipeline
-    from mstar.params import LoraChoice
 
-    config = tiny_wan22_config() if tiny else Wan22Config()
-    width, height, frames = (32, 48, 5) if tiny else (WIDTH, HEIGHT, NUM_FRAMES)
     dtype = torch.float32 if tiny else torch.bfloat16
-    torch.manual_seed(0)
-    with torch.device(device):
-        dit = WanDiT(config.dit)
-    dit = dit.to(device, dtype).eval().requires_grad_(False)
+    family = FAMILIES[name](tiny, device, dtype)
+    dit = family.dit.eval().requires_grad_(False)
     server = SimpleNamespace(fuse_projections=True, triton_kernels=True, compile_mode="deterministic")
     fuse, kernels = speed_ups(server, device)
     mode = effective_mode("deterministic", device) if not tiny else "off"
@@ -88,54 +195,41 @@ def bench_wan(tiny: bool, device: str, repeats: int = 10) -> None:
         holder = {}
 
         def wrap(model):
-            holder["lora"] = attach_lora(model, wan_lora_targets, lora_config, WAN22_LORA_KEYS)
+            holder["lora"] = attach_lora(model, family.targets, lora_config, family.rules)
 
-        dit, _ = speed_up(dit, optimize, fuse, kernels, mode, "bench.lora.wan", wrap=wrap)
+        dit, _ = speed_up(dit, family.optimize, fuse, kernels, mode, f"bench.lora.{name}", wrap=wrap)
         lora = holder["lora"]
         names = _write_adapters(folder, dit, lora.layers.targets, RANK)
-        attention = build_attention("auto", device, dtype)
-        pipeline = WanPipeline(config, device, dtype, dit=dit, attention=attention)
+        _load(lora, folder, names, name)
+        pipeline = family.pipeline(dit, build_attention("auto", device, dtype))
         pipeline.lora = lora
-        for index, name in enumerate(names):
-            lora.acquire(f"r{index}", [LoraChoice(name, 1.0)])
-        deadline = time.monotonic() + 600
-        while not all(lora.ready(f"r{i}") for i in range(NUM_REQUESTS)):
-            if time.monotonic() > deadline:
-                raise SystemExit("adapters did not load in 10 minutes")
-            time.sleep(0.01)
-        load_ms = [1000 * s for s in lora.store.stats.load_s]
-        size_mb = os.path.getsize(os.path.join(folder, f"{names[0]}.safetensors")) / 2**20
-        print(f"wan2.2: load a rank-{RANK} adapter ({size_mb:.0f} MiB, {len(lora.layers.layers)} layers): "
-              f"{min(load_ms):.0f}-{max(load_ms):.0f} ms (read, convert, pack; off the step loop)", flush=True)  # fmt: skip
-        shape = pipeline.geometry.latent_shape(width, height, frames)
-        text = torch.randn(config.max_text_tokens, config.dit.text_dim, device=device)
-
-        def items(prefix: str) -> list[DenoiseItem]:
-            return [DenoiseItem(f"{prefix}{i}", label, torch.randn(shape, device=device), 500.0, 0.5, 0, text, {})
-                    for i in range(NUM_REQUESTS) for label in (COND, UNCOND)]  # fmt: skip
-
-        with_lora, without = items("r"), items("none")
+        with_lora, without = family.items("r"), family.items("none")
         timings = {}
         with torch.inference_mode():
             for label, pack in (("without LoRA", without), ("with 4 adapters", with_lora)):
                 timings[label] = _time_ms(lambda pack=pack: pipeline.predict(pack), device, repeats)
         base, ours = timings["without LoRA"], timings["with 4 adapters"]
-        print(f"wan2.2 {width}x{height}x{frames}: {NUM_REQUESTS} requests x 2 labels, one step: "
-              f"{base:.1f} ms without LoRA, {ours:.1f} ms with {NUM_REQUESTS} different rank-{RANK} "
-              f"adapters (+{100 * (ours / base - 1):.1f}%; goal <= 10%)", flush=True)  # fmt: skip
+        print(f"{name} {family.workload}: {NUM_REQUESTS} requests, one step: {base:.1f} ms without LoRA, "
+              f"{ours:.1f} ms with {NUM_REQUESTS} different rank-{RANK} adapters "
+              f"(+{100 * (ours / base - 1):.1f}%; goal <= 10%)", flush=True)  # fmt: skip
         lora.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (a smoke test)")
+    parser.add_argument("--tiny", action="store_true", help="the tiny configs on the CPU (a smoke test)")
+    parser.add_argument("--family", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
     args = parser.parse_args()
     if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (or --tiny)")
     device = "cpu" if args.tiny else "cuda"
     if not args.tiny:
         print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
-    bench_wan(args.tiny, device)
+    for name in args.family:
+        bench_family(name, args.tiny, device)
+        torch._dynamo.reset()  # the next family's graphs; this one's DiT can go
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
