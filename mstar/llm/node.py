@@ -183,6 +183,10 @@ class LLMNode(Node):
         if self._warmup_steps is not None:
             self._warmup_steps()
 
+    def num_recompiles(self) -> int:
+        """The model's compiles after warmup (mstar.llm.warmup.LLMWarmup counts them)."""
+        return int(getattr(self._warmup_steps, "num_recompiles", 0))
+
     def event_counts(self) -> dict[str, int]:
         stats = self.scheduler.stats
         self._counts["decode_graph_steps"] = self.runner.num_graph_steps
