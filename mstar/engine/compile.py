@@ -14,6 +14,7 @@ serving path (mstar.engine.checked_compile) are counted apart: no request waited
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -146,11 +147,10 @@ class CompiledFunction:
     def eager(self) -> Callable[..., Any]:
         return self._eager
 
-    def _trace_config_patch(self, dynamic: bool | None) -> tuple[Any, Any] | None:
+    def _trace_config_patch(self, dynamic: bool | None) -> Callable[[], Any] | None:
         """What dynamo reads when it traces (inside a call); a compiled graph's guards do not
-        depend on it. Built once here, not on every step's call (torch's config patches are
-        reusable context managers, their saved values kept per thread); None when nothing needs
-        patching (entering a patch costs tens of microseconds a call)."""
+        depend on it. Built once here, not on every step's call; None when nothing needs patching
+        (entering a patch costs tens of microseconds a call)."""
         import torch._dynamo.config as dynamo_config
         import torch.fx.experimental._config as shape_config
 
@@ -163,7 +163,13 @@ class CompiledFunction:
         shape_options = {} if self._duck_shapes else {"use_duck_shape": False}
         if not dynamo_options and not shape_options:
             return None
-        return dynamo_config.patch(dynamo_options), shape_config.patch(shape_options)
+
+        @contextlib.contextmanager
+        def patch():
+            with dynamo_config.patch(dynamo_options), shape_config.patch(shape_options):
+                yield
+
+        return patch
 
     def _compile(self, fn: Callable[..., Any], dynamic: bool | None) -> Callable[..., Any]:
         import torch
@@ -205,8 +211,7 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._trace_config is None:
             return self._compiled(*args, **kwargs)
-        dynamo_patch, shape_patch = self._trace_config
-        with dynamo_patch, shape_patch:
+        with self._trace_config():
             return self._compiled(*args, **kwargs)
 
     def finish_warmup(self) -> None:
