@@ -111,6 +111,7 @@ class Sampler:
             self.compiled = CompiledFunction(exponential_race, compile_mode, "llm.sampler.race")
             self._race = self.compiled
 
+    @torch.inference_mode()  # as the runner calls it: dynamo guards on the grad mode
     def warmup(self) -> None:
         """Compile the race for one row and for many (a dynamic row count), then count any later
         compile as a recompile."""
