@@ -1,10 +1,10 @@
 """The LLM node's boot warmup: compile, then capture, then no compile again.
 
-    warmup = LLMWarmup(model, attention, graphs, compiled, max_step_tokens)
+    warmup = LLMWarmup(model, attention, sampler, graphs, compiled, max_step_tokens)
     warmup()                  # the node's warmup (the worker calls it before serving)
-    warmup.num_recompiles     # compiles since, reported to /metrics as recompiles in traffic
+    warmup.num_recompiles     # the model's compiles since, reported to /metrics as recompiles
 
-A model with compiled parts (mstar.models.qwen3.optimize) runs a step of each token count in
+The sampler warms its own compiled part first (Sampler.warmup). A model with compiled parts (mstar.models.qwen3.optimize) runs a step of each token count in
 `warmup_token_counts` first: one token (a decode row: dynamo specialises size 1), two (its graph
 for any other count), then the largest step the scheduler makes (which must reuse that graph, and
 takes the allocator to its peak before the pool's first requests). Every token of those steps
@@ -38,17 +38,21 @@ class LLMWarmup:
         self,
         model: torch.nn.Module,
         attention: PagedAttention,
+        sampler: Any = None,
         graphs: Any = None,
         compiled: Any = None,
         max_step_tokens: int = 2,
     ):
         self.model = model
         self.attention = attention
+        self.sampler = sampler  # mstar.llm.sampling.Sampler (its warmup compiles its race), or None
         self.graphs = graphs  # mstar.llm.graphs.DecodeGraphs, or None
         self.compiled = compiled  # mstar.engine.compile.CompiledParts of the model, or None
         self.token_counts = warmup_token_counts(max_step_tokens)
 
     def __call__(self) -> None:
+        if self.sampler is not None:
+            self.sampler.warmup()
         if self.compiled is not None and self.compiled.parts:
             self._compile()
         if self.graphs is not None:

@@ -60,7 +60,7 @@ def test_logits_match_transformers(name, served):
     if served:
         model, compiled = serving_model(model, "deterministic", "cuda")  # the server's default mode
         graphs = DecodeGraphs(model, attention, [1, 2]) if attention.backend_name == "flashinfer" else None
-        LLMWarmup(model, attention, graphs, compiled, max_step_tokens=CHUNK)()
+        LLMWarmup(model, attention, None, graphs, compiled, max_step_tokens=CHUNK)()
     pages = list(range(-(-(PROMPT + DECODES) // PAGE)))
     ours = []
     done = num_replayed = 0
