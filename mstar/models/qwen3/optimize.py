@@ -32,7 +32,6 @@ keys; the fused modules' own names (`qkv_proj`, `gate_up_proj`) are never loaded
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -43,8 +42,6 @@ from torch import nn
 
 from mstar.models.fusion import concat_linears
 from mstar.models.qwen3.transformer import Qwen3DecoderLayer, Qwen3ForCausalLM, TokenAttention
-
-log = logging.getLogger("mstar.models.qwen3")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
