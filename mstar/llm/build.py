@@ -1,7 +1,10 @@
 """Build the LLM node in a worker: the KV pool (sized after the weights), attention over it, the
 sampler, the scheduler and, on CUDA, decode graphs captured at warmup.
 
-    node = build_llm_node(ctx, model, geometry, tokenizer, eos_ids, context_length)
+    node = build_llm_node(ctx, model, geometry, tokenizer, eos_ids, context_length, dtype, compiled=parts)
+
+`compiled` (the CompiledParts of a model whose forward calls compiled functions) is compiled at
+the node's warmup, before the decode graphs are captured (mstar.llm.warmup).
 
 `geometry` is the model's LLMGeometry (layers, heads, kv heads, head dim, vocabulary): all the
 engine needs to know of it. The model must already be on the device (its weights are what the
@@ -16,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mstar.engine.compile import effective_mode
 from mstar.engine.kv.attention import PagedHeads
 from mstar.engine.kv.build import build_paged_attention, use_flashinfer_cache
 from mstar.engine.kv.pool import GIB, KVGeometry, build_kv_pool
@@ -25,6 +29,7 @@ from mstar.llm.node import LLMNode
 from mstar.llm.runner import ModelRunner
 from mstar.llm.sampling import Sampler
 from mstar.llm.scheduler import Scheduler, SchedulerConfig
+from mstar.llm.warmup import LLMWarmup
 
 log = logging.getLogger("mstar.llm")
 CPU_KV_BUDGET_BYTES = (
@@ -51,6 +56,7 @@ def build_llm_node(
     dtype: torch.dtype,
     name: str = "llm",
     overlap: bool | None = None,
+    compiled: Any = None,
 ) -> LLMNode:
     """`overlap` (default: on CUDA) queues each step before the previous one is read back."""
     config = ctx.config
@@ -84,12 +90,13 @@ def build_llm_node(
     graphs = None
     if use_graphs and attention.backend_name == "flashinfer":
         graphs = DecodeGraphs(model, attention, default_graph_sizes(config.max_num_seqs))
-    runner = ModelRunner(model, attention, Sampler(geometry.vocab_size, device), graphs)
+    sampler = Sampler(geometry.vocab_size, device, effective_mode(config.compile_mode, str(device)))
+    runner = ModelRunner(model, attention, sampler, graphs)
     scheduler_config = SchedulerConfig(
         config.max_num_seqs, max(config.max_num_batched_tokens, config.max_num_seqs)
     )
     scheduler = Scheduler(scheduler_config, pool.pages)
-    warmup = graphs.capture if graphs is not None else None
+    warmup = LLMWarmup(model, attention, sampler, graphs, compiled, scheduler_config.max_num_batched_tokens)
     overlap = device.type == "cuda" if overlap is None else overlap
     return LLMNode(
         name, runner, scheduler, tokenizer, eos_ids, context_length, warmup_steps=warmup, overlap=overlap

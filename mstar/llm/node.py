@@ -183,6 +183,11 @@ class LLMNode(Node):
         if self._warmup_steps is not None:
             self._warmup_steps()
 
+    def num_recompiles(self) -> int:
+        """The sampler's and the model's compiles after warmup (mstar.llm.warmup counts the model's)."""
+        model = int(getattr(self._warmup_steps, "num_recompiles", 0))
+        return self.runner.sampler.num_recompiles + model
+
     def event_counts(self) -> dict[str, int]:
         stats = self.scheduler.stats
         self._counts["decode_graph_steps"] = self.runner.num_graph_steps
