@@ -63,3 +63,16 @@ def test_either_order_gives_the_same_tokens_and_pieces(model, monkeypatch, devic
     assert (
         run(make_node(model, overlap=True), requests, joins)[:2] == run(make_node(model), requests, joins)[:2]
     )
+
+
+def test_the_first_piece_carries_the_workers_timeline(model):
+    node = make_node(model)
+    state = RequestState("r0", request([5, 9, 13], max_tokens=3))
+    pieces = []
+    state.emit_output = lambda key, piece: pieces.append(piece)
+    node.prepare(state)
+    while not node.check_stop(state):
+        node.forward([state])
+    timeline = pieces[0]["timeline"]
+    assert timeline["prepared"] <= timeline["first_step"] <= timeline["first_token"]
+    assert all("timeline" not in piece for piece in pieces[1:])
