@@ -22,8 +22,9 @@ from mstar.engine.kv.layout import PagedLayout
 log = logging.getLogger("mstar.llm")
 NUM_WARMUP_RUNS = 2
 # A prefill token replayed as a decode row reads its whole context, so the rows of one chunk read
-# its prefix once each (mostly from L2 while a layer's share fits there). Past this many keys in
-# all, the step runs eagerly and reads them once: a long context cannot multiply its reads.
+# its prefix once each (mostly from L2 while a layer's share fits there). Past this many keys read
+# by a step's prefill rows it runs eagerly and reads them once: a long context cannot multiply its
+# reads. (Its decode rows read what they read in any decode step: they do not count.)
 MAX_GRAPH_PREFILL_KV_TOKENS = 1 << 18
 
 
@@ -53,7 +54,7 @@ class DecodeGraphs:
         if not layout.causal:
             return None
         rows = layout.as_decode_rows()
-        if rows.total_kv > MAX_GRAPH_PREFILL_KV_TOKENS:
+        if rows.total_kv - sum(layout.kv_lens[: layout.num_decode]) > MAX_GRAPH_PREFILL_KV_TOKENS:
             return None
         padding = self.size_for(rows) - rows.num_segments  # a scratch page each
         if self.max_page_indices is not None and rows.num_page_indices + padding > self.max_page_indices:

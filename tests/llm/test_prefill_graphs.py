@@ -114,6 +114,9 @@ def test_prefill_steps_past_the_limits_run_eagerly(model, monkeypatch):
     monkeypatch.setattr(graphs_module, "MAX_GRAPH_PREFILL_KV_TOKENS", 2 * 41)
     run(node, [request(SYSTEM + [2, 3], max_tokens=1)])  # rows read 41 + 42 keys
     assert graphs.replayed == []
+    run(node, [request(SYSTEM + [2, 3], max_tokens=3), request(SYSTEM + [8], max_tokens=1)], joins=[0, 2])
+    assert len(graphs.replayed) == 2  # a decode row's 43 and 44 keys beside the second's 41
+    graphs.replayed.clear()
     monkeypatch.setattr(graphs_module, "MAX_GRAPH_PREFILL_KV_TOKENS", 1 << 18)
     graphs.max_page_indices = 2 * 11 + 1  # two rows of 11 pages, and the padding row's scratch page
     run(node, [request(SYSTEM + [4, 5, 6], max_tokens=1)])  # three rows (4 with padding)
