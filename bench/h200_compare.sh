@@ -10,8 +10,10 @@
 #                                                                      .whl_otel and .whl_base
 # ~8 min for wan, ~4 for zimage. Results: $OUT/compare-<model>.tar.xz (JSON, tables, server logs)
 # and a table printed last.
-# Knobs (environment): NEW_SIZE_ONLY, NUM_REQUESTS (3), ATTENTION_BACKEND (fa3), SETTLE_S (90: the longest wait for
-# the new size's compile to be swapped in before its steady requests).
+# Knobs (environment): NEW_SIZE_ONLY, SKIP_STEP and SKIP_NEW_SIZE (those phases left out), NUM_REQUESTS (3),
+# ATTENTION_BACKEND (fa3), SETTLE_S (90: the longest wait for the new size's compile to be swapped in
+# before its steady requests), POLL_INTERVAL (0: a video client polls when the server's
+# openai-poll-after-ms hint says, as the OpenAI SDK and mstar.client do; seconds: a fixed interval).
 set -uo pipefail
 
 model=${1:?usage: bash bench/h200_compare.sh wan|zimage}
@@ -64,7 +66,7 @@ client() {  # client NAME [bench serve FLAG...]: this tree's load client against
   local what=(--workload "$workload")
   [ "$model" = tiny ] && what=(--kind image)  # its one default size
   in_tree "$here" python3 -m mstar.cli bench serve --base-url http://127.0.0.1:8765 "${what[@]}" \
-    --model "$served" --concurrency 1 "${@:2}" -o "$out/$model-$1.json" > "$out/$model-$1.out" 2>&1
+    --model "$served" --concurrency 1 --poll-interval "${POLL_INTERVAL:-0}" "${@:2}" -o "$out/$model-$1.json" > "$out/$model-$1.out" 2>&1
   echo "$1: exit $?"
 }
 
@@ -101,12 +103,14 @@ new_size() {  # on the running server (this tree): the first request at new_size
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 if [ -z "${NEW_SIZE_ONLY:-}" ]; then  # NEW_SIZE_ONLY=1: this tree's server and the new size alone
-  our_step base /tmp/base
-  our_step this "$here"
+  if [ -z "${SKIP_STEP:-}" ]; then
+    our_step base /tmp/base
+    our_step this "$here"
+  fi
   serve_c1 base /tmp/base
   stop_server
 fi
-serve_c1 this "$here" && new_size
+serve_c1 this "$here" && { [ -n "${SKIP_NEW_SIZE:-}" ] || new_size; }
 echo "recompile warnings in this tree's server log: $(grep -c 'recompiled in traffic' "$out/$model-server-this.log")"
 stop_server
 

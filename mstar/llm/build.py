@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from mstar.engine.compile import effective_mode
 from mstar.engine.kv.attention import PagedHeads
 from mstar.engine.kv.build import build_paged_attention, use_flashinfer_cache
 from mstar.engine.kv.pool import GIB, KVGeometry, build_kv_pool
@@ -84,12 +85,18 @@ def build_llm_node(
     graphs = None
     if use_graphs and attention.backend_name == "flashinfer":
         graphs = DecodeGraphs(model, attention, default_graph_sizes(config.max_num_seqs))
-    runner = ModelRunner(model, attention, Sampler(geometry.vocab_size, device), graphs)
+    sampler = Sampler(geometry.vocab_size, device, effective_mode(config.compile_mode, str(device)))
+    runner = ModelRunner(model, attention, sampler, graphs)
     scheduler_config = SchedulerConfig(
         config.max_num_seqs, max(config.max_num_batched_tokens, config.max_num_seqs)
     )
     scheduler = Scheduler(scheduler_config, pool.pages)
-    warmup = graphs.capture if graphs is not None else None
+
+    def warmup() -> None:
+        sampler.warmup()
+        if graphs is not None:
+            graphs.capture()
+
     overlap = device.type == "cuda" if overlap is None else overlap
     return LLMNode(
         name, runner, scheduler, tokenizer, eos_ids, context_length, warmup_steps=warmup, overlap=overlap

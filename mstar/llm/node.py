@@ -193,6 +193,9 @@ class LLMNode(Node):
         if self._warmup_steps is not None:
             self._warmup_steps()
 
+    def num_recompiles(self) -> int:
+        return self.runner.sampler.num_recompiles
+
     def event_counts(self) -> dict[str, int]:
         stats = self.scheduler.stats
         self._counts["decode_graph_steps"] = self.runner.num_graph_steps

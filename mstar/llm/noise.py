@@ -51,6 +51,11 @@ class VocabNoise:
 
     def uniform(self, keys: torch.Tensor) -> torch.Tensor:
         """keys int64 [rows] (row_key values) -> float32 [rows, vocab] in (0, 1)."""
-        x = mix32_tensor(keys[:, None] ^ self.vocab_hashes[None, :])
-        x = mix32_tensor(x ^ GOLDEN)
-        return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+        return uniforms(keys, self.vocab_hashes)
+
+
+def uniforms(keys: torch.Tensor, vocab_hashes: torch.Tensor) -> torch.Tensor:
+    """keys int64 [rows], vocab_hashes int64 [vocab] (VocabNoise's) -> float32 [rows, vocab]."""
+    x = mix32_tensor(keys[:, None] ^ vocab_hashes[None, :])
+    x = mix32_tensor(x ^ GOLDEN)
+    return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))

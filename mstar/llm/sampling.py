@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mstar.llm.noise import VocabNoise, row_key
+from mstar.llm.noise import VocabNoise, row_key, uniforms
 
 GREEDY_BELOW = 1e-5  # temperatures this small are greedy (dividing by them overflows)
 MAX_TOP_LOGPROBS = 20
@@ -94,11 +94,44 @@ class SampleOutput:
     top_logprobs: list[list[float]] | None
 
 
+def exponential_race(probs: torch.Tensor, keys: torch.Tensor, vocab_hashes: torch.Tensor) -> torch.Tensor:
+    """probs float32 [N, V], keys int64 [N] -> int64 [N]: argmax of probs / E, E = -log U with the
+    rows' seeded uniforms. About 25 elementwise passes over [N, V] in int64 when eager; compiled,
+    one kernel that never writes the noise out."""
+    return (probs / -torch.log(uniforms(keys, vocab_hashes))).argmax(dim=-1)
+
+
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device):
+    """`compile_mode` (not "off"): the exponential race is compiled (mstar.engine.compile), once
+    for every row count; `warmup` compiles it at boot."""
+
+    def __init__(self, vocab_size: int, device: torch.device, compile_mode: str = "off"):
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.noise = VocabNoise(vocab_size, self.device)
+        self.compiled = None
+        self._race = exponential_race
+        if compile_mode != "off":
+            from mstar.engine.compile import CompiledFunction
+
+            self.compiled = CompiledFunction(exponential_race, compile_mode, "llm.sampler.race")
+            self._race = self.compiled
+
+    @torch.inference_mode()  # as the runner calls it: dynamo guards on the grad mode
+    def warmup(self) -> None:
+        """Compile the race for one row and for many (a dynamic row count), then count any later
+        compile as a recompile."""
+        if self.compiled is None:
+            return
+        for num_rows in (1, 2, 3):
+            probs = torch.full((num_rows, self.vocab_size), 1.0 / self.vocab_size, device=self.device)
+            keys = torch.arange(num_rows, dtype=torch.int64, device=self.device)
+            self._race(probs, keys, self.noise.vocab_hashes)
+        self.compiled.finish_warmup()
+
+    @property
+    def num_recompiles(self) -> int:
+        return 0 if self.compiled is None else self.compiled.num_recompiles
 
     def sample(
         self,
@@ -172,8 +205,7 @@ class Sampler:
         if any(r.top_k > 0 or r.top_p < 1.0 for r in rows):
             probs = self._top_k_top_p(probs, rows)
         keys = self._to_device(torch.tensor([row_key(r.seed, r.index) for r in rows], dtype=torch.int64))
-        exponential = -torch.log(self.noise.uniform(keys))
-        return (probs / exponential).argmax(dim=-1)
+        return self._race(probs, keys, self.noise.vocab_hashes)
 
     def _top_k_top_p(self, probs: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
         """Zero what falls outside each row's top_k and top_p nucleus (one sort for both)."""
