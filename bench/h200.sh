@@ -11,6 +11,8 @@
 #   bash bench/h200.sh parity MODEL           our nodes against the pipeline on one folder it wrote
 #                                             (random weights): frames PSNR before any encoding   ~5 min
 #   bash bench/h200.sh all                    every phase above for wan and zimage, one after another
+#   bash bench/h200_flux2.sh                  FLUX.2 in one call: first t2i and first edit against
+#                                             steady, c=1 against diffusers eager, step against compiled
 # MODEL: wan, zimage, flux2, ltx2, cosmos3 (parity: its t2v); times above are wan / zimage
 # then, where the results came back:
 #   mstar bench report bench-results/bench    (rewrites docs/benchmarks.md's tables from the JSON)

@@ -226,6 +226,11 @@ class ModelSpec(ABC):
         first request pays a first call (one per configured size); none by default."""
         return []
 
+    def warmup_inputs(self, params: RequestParams) -> dict[str, Any]:
+        """The input arrays a warmup request carries (an edit's reference images, uint8 numpy, as
+        the API hands them over); none by default."""
+        return {}
+
     def audio_sample_rate(self, params: RequestParams) -> int | None:
         """The sample rate of the request's audio track (`audio_tensor`), None when it has none."""
         return None

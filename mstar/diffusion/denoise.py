@@ -11,8 +11,9 @@ A request's labels (its streams: "cond", and "uncond" under classifier-free guid
 set its family names) and its latents (a tensor, or several per request: video and audio) are the
 pipeline's business; the node only packs, counts and stops. Its step cost is the request's tokens
 per label times its labels (the unit of max_tokens_per_step). Boot warmup runs one and two items
-of each configured size through `predict` (`pipeline.warmup_item(size)`), then marks the compiled
-parts warm: a compile after that is a recompile.
+of each configured size through `predict` (`pipeline.warmup_item(size)`, or each of
+`pipeline.warmup_items(size)` where the family warms several kinds of item: FLUX.2's edits), then
+marks the compiled parts warm: a compile after that is a recompile.
 """
 
 from __future__ import annotations
@@ -242,11 +243,8 @@ class DenoiseNode(Node):
         return state.sampler.step_index, state.sampler.num_steps
 
     def warmup(self) -> None:
-        """One item, then a pair that reuses its graph, per configured size."""
-        for size in self.warmup_sizes:
-            item = self.pipeline.warmup_item(size)
-            self.pipeline.predict([item])
-            self.pipeline.predict([item, item])
+        """One item, then a pair that reuses its graph, per configured size (and kind of item)."""
+        self._warmup_predicts()
         if self.lora is not None and self.warmup_sizes:
             self._warmup_lora()
         if self.compiled is not None:
@@ -257,10 +255,14 @@ class DenoiseNode(Node):
         with self.lora.warming() as widths:
             for width in widths:
                 self.lora.warm(width)
-                for size in self.warmup_sizes:
-                    item = self.pipeline.warmup_item(size)
-                    self.pipeline.predict([item])
-                    self.pipeline.predict([item, item])
+                self._warmup_predicts()
+
+    def _warmup_predicts(self) -> None:
+        many = getattr(self.pipeline, "warmup_items", None)
+        for size in self.warmup_sizes:
+            for item in many(size) if many is not None else [self.pipeline.warmup_item(size)]:
+                self.pipeline.predict([item])
+                self.pipeline.predict([item, item])
 
     def num_recompiles(self) -> int:
         return 0 if self.compiled is None else self.compiled.num_recompiles

@@ -77,6 +77,16 @@ def uint8_psnr_db(frames: Any, reference: Any) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
+def snr_db(output: Any, reference: Any) -> float:
+    """Signal-to-noise ratio (dB) of a float output against its reference of the same shape (inf
+    when equal): the check of a compiled function whose output is not uint8 frames (an encoder's
+    latents). Scale-free, so one threshold fits any output's range."""
+    reference = reference.float()
+    noise = (output.float() - reference).pow(2).sum().item()
+    signal = reference.pow(2).sum().item()
+    return math.inf if noise == 0 else 10 * math.log10(max(signal, 1e-30) / noise)
+
+
 def off_serving_path() -> bool:
     """True inside a background compile job (its compiles are not recompiles in traffic)."""
     return getattr(_thread_state, "off_serving_path", False)
@@ -264,6 +274,8 @@ class CheckedFunction:
     `example(key)` builds the arguments a background check runs on. Checks run in inference mode,
     as the serving threads do (the mode is per thread, and a compiled graph guards on it).
     `parts` are the CompiledFunctions behind `compiled` (their warmup end and recompile counts).
+    `compare(output, reference)` scores a check in dB against `min_psnr_db` (uint8 frames' PSNR by
+    default; `snr_db` for float outputs).
     """
 
     def __init__(
@@ -277,10 +289,13 @@ class CheckedFunction:
         compare: Callable[[Any, Any], float] = uint8_psnr_db,
         enabled: bool = True,
         compiler: BackgroundCompiler | None = None,
+        min_psnr_db: float = MIN_PSNR_DB,
     ):
         self.compiled, self.eager, self.key = compiled, eager, key
         self.example, self.compare, self.parts = example, compare, list(parts)
-        self.checked = CheckedCompile(name, self._check_key, enabled=enabled, compiler=compiler)
+        self.checked = CheckedCompile(
+            name, self._check_key, enabled=enabled, compiler=compiler, min_psnr_db=min_psnr_db
+        )
 
     def __call__(self, *args: Any) -> Any:
         if self.checked.use_compiled(self.key(*args)):

@@ -128,8 +128,9 @@ class Runtime:
             for index, params in enumerate(requests):
                 started = time.monotonic()
                 self._report_progress("warmup requests", index, len(requests))
+                inputs = self.spec.warmup_inputs(params)
                 handle = self._conductor.submit(
-                    params, None, self.config.request_timeout_s, f"warmup-{index}", warmup=True
+                    params, inputs, self.config.request_timeout_s, f"warmup-{index}", warmup=True
                 )
                 try:
                     await self._follow_warmup_request(handle, f"warmup request {index + 1}")

@@ -19,6 +19,7 @@ from mstar.engine.checked_compile import (
     CheckedCompile,
     CheckedFunction,
     off_serving_path,
+    snr_db,
     uint8_psnr_db,
 )
 from mstar.engine.compile import CompiledFunction, compile_methods
@@ -175,6 +176,24 @@ def test_warm_checks_the_given_inputs_inline_and_marks_warmup_on_its_parts():
     assert uint8_psnr_db(eager(x), eager(x)) == float("inf")
     off = CheckedFunction("probe", compiled, reference, shape_key, example, enabled=False)
     assert torch.equal(off(x), eager(x)) and compiled.num_calls == 2  # compile off: eager, no check
+
+
+def test_float_outputs_are_checked_by_their_snr_against_the_functions_threshold():
+    reference = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    assert snr_db(reference.clone(), reference) == float("inf")
+    assert snr_db(reference * 1.01, reference) == pytest.approx(40.0, abs=1e-3)  # 1% error: 40 dB
+    assert snr_db((reference * 1000) * 1.01, reference * 1000) == pytest.approx(40.0, abs=1e-3)  # scale-free
+
+    def off_by(percent):
+        return CheckedFunction(
+            "probe", lambda x: x * (1 + percent / 100), lambda x: x, shape_key, example, compare=snr_db,
+            compiler=BackgroundCompiler(), min_psnr_db=30.0,
+        )  # fmt: skip
+
+    x = torch.randn(8, 8)
+    near, far = off_by(2), off_by(5)  # 34 dB and 26 dB
+    assert near.warm(x) == pytest.approx(34.0, abs=0.1) and near.checked.state((8, 8)) == COMPILED
+    assert far.warm(x) == pytest.approx(26.0, abs=0.1) and far.checked.state((8, 8)) == EAGER
 
 
 def test_a_background_check_runs_in_inference_mode_as_serving_does():

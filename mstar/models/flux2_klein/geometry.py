@@ -81,6 +81,14 @@ def reference_size_error(width: int, height: int) -> str | None:
     return None
 
 
+def warmup_reference_size(width: int, height: int) -> tuple[int, int] | None:
+    """(width, height) of the boot warmup's reference images at a configured output size: the
+    output's own size (an edit's references are commonly as large as its output), raised to the
+    pipeline's minimum side; None where the pipeline would refuse it (beyond the aspect limit)."""
+    size = max(width, REFERENCE_MIN_SIDE), max(height, REFERENCE_MIN_SIDE)
+    return None if reference_size_error(*size) is not None else size
+
+
 def default_output_size(reference_sizes: list[tuple[int, int]]) -> tuple[int, int]:
     """(height, width) when the request names none: the first reference image's encoded size
     (the pipeline's `height = height or image_height`), else 1024 x 1024."""

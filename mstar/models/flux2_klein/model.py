@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mstar.errors import InvalidParam
-from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
+from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk, reference_image_input
 from mstar.models.flux2_klein.config import KLEIN_4B, KLEIN_9B, KLEIN_BASE_4B, KLEIN_BASE_9B, Flux2KleinConfig
 from mstar.models.flux2_klein.edits import check_reference_images
 from mstar.models.flux2_klein.geometry import (
@@ -24,6 +24,7 @@ from mstar.models.flux2_klein.geometry import (
     MAX_REFERENCE_IMAGES,
     Flux2KleinGeometry,
     reference_pixel_size,
+    warmup_reference_size,
 )
 from mstar.models.validation import (
     check_prompts,
@@ -35,7 +36,7 @@ from mstar.models.validation import (
     single_frame_limit,
     steps_in,
 )
-from mstar.models.warmup import sized_warmup_requests
+from mstar.models.warmup import WARMUP_STEPS, sized_warmup_requests
 from mstar.params import ImageParams
 
 DEFAULT_SIZE = 1024
@@ -45,6 +46,7 @@ MAX_PIXELS = 2048 * 2048  # 4 MP, the largest output BFL documents for klein
 MAX_STEPS = 100
 MAX_GUIDANCE = 20.0
 MAX_PROMPT_CHARS = 8192  # the prompt is truncated to 512 tokens, as the pipeline truncates it
+WARMUP_NUM_REFERENCES = 2  # the boot warmup's edits: two references (the edit the benchmark times)
 
 
 class Flux2KleinParams(ImageParams, kw_only=True):
@@ -142,7 +144,33 @@ class Flux2KleinSpec(ModelSpec):
         return None
 
     def warmup_requests(self, config: Any) -> list[Flux2KleinParams]:
-        return sized_warmup_requests(self, config.compile_sizes) if config.warmup else []
+        """Per configured size a text-to-image request, then an edit at that size with
+        WARMUP_NUM_REFERENCES reference images (warmup_inputs) through the edit walk."""
+        if not config.warmup:
+            return []
+        t2i = sized_warmup_requests(self, config.compile_sizes)
+        edits = [self._warmup_edit(params) for params in t2i]
+        return t2i + [params for params in edits if params is not None]
+
+    def _warmup_edit(self, t2i: Flux2KleinParams) -> Flux2KleinParams | None:
+        reference = warmup_reference_size(t2i.width, t2i.height)
+        if reference is None:
+            return None
+        params = GenerationParams(
+            prompt=t2i.prompt, width=t2i.width, height=t2i.height, num_inference_steps=WARMUP_STEPS,
+            seed=0, reference_sizes=(reference,) * min(WARMUP_NUM_REFERENCES, self.max_reference_images),
+        )  # fmt: skip
+        return self.validate(params)
+
+    def warmup_inputs(self, params: Flux2KleinParams) -> dict[str, Any]:
+        """A warmup edit's reference images: seeded noise, uint8 [H, W, 3] as the API decodes uploads."""
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        return {
+            reference_image_input(index): rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            for index, (width, height) in enumerate(params.reference_sizes)
+        }
 
     def build_nodes(self, ctx: BuildContext) -> dict[str, Node]:
         from mstar.models.flux2_klein.nodes import build_nodes

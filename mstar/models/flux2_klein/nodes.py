@@ -1,6 +1,8 @@
 """Building FLUX.2 [klein]'s nodes inside a worker from a diffusers folder (--model-path) or with
 seeded random weights: text_encoder (Qwen3), vae_encoder (reference images), dit (the denoise
-loop) and vae_decoder, each the shared node over a Flux2KleinPipeline holding that component.
+loop) and vae_decoder, each the shared node over a Flux2KleinPipeline holding that component. The
+VAE's encode and decode are compiled and checked per size when compiling (vae_compile.py); the
+encoder, the DiT and the decoder warm up at the configured sizes (edits' reference tokens too).
 
 The spec's name says whether the checkpoint is step-distilled (the API validates with it before
 any worker reads a folder), so a folder whose model_index.json says otherwise is refused at boot."""
@@ -69,11 +71,18 @@ def _text_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | No
 
 def _vae_encoder_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
     from mstar.diffusion.vae_nodes import ImageEncodeNode
+    from mstar.engine.compile import effective_mode
+    from mstar.models.flux2_klein.vae_compile import checked_encode
     from mstar.models.flux2_klein.weights import build_vae_encoder
 
     encoder = build_vae_encoder(config.vae, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
-    pipeline = Flux2KleinPipeline(config, ctx.device, vae_encoder=encoder)
-    return ImageEncodeNode(pipeline, max_batch_size=ctx.config.max_batch_size)
+    mode = effective_mode(ctx.config.compile_mode, ctx.device)
+    pipeline = Flux2KleinPipeline(
+        config, ctx.device, vae_encoder=encoder, encoder=checked_encode(encoder, mode)
+    )
+    return ImageEncodeNode(
+        pipeline, warmup_sizes=warmup_sizes(ctx.config, mode), max_batch_size=ctx.config.max_batch_size
+    )
 
 
 def _dit_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
@@ -93,6 +102,7 @@ def _dit_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | Non
 def _vae_decoder_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: str | None, dtype) -> Node:
     from mstar.diffusion.vae_nodes import DecodeNode
     from mstar.engine.compile import effective_mode
+    from mstar.models.flux2_klein.vae_compile import checked_decode
     from mstar.models.flux2_klein.weights import build_vae_decoder
 
     vae = build_vae_decoder(config.vae, ctx.device, dtype, model_path=model_path, progress=ctx.progress)
@@ -101,32 +111,3 @@ def _vae_decoder_node(config: Flux2KleinConfig, ctx: BuildContext, model_path: s
     return DecodeNode(
         pipeline, warmup_sizes=warmup_sizes(ctx.config, mode), max_batch_size=ctx.config.max_batch_size
     )
-
-
-def as_inference_tensor(tensor):
-    """A contiguous inference-mode tensor: dynamo guards on dispatch keys, and the loop's final
-    latents are not inference tensors while warmup's are (a recompile for that difference alone)."""
-    import torch
-
-    if tensor.is_inference() and tensor.is_contiguous():
-        return tensor
-    with torch.inference_mode():
-        return tensor.clone(memory_format=torch.contiguous_format)
-
-
-def checked_decode(vae, compile_mode: str):
-    """`vae.decode_frames` compiled with static shapes (one graph per latent size) and checked
-    against the eager decode at the first decode of each size; None for compile mode "off"."""
-    if compile_mode == "off":
-        return None
-    from mstar.diffusion.vae_decode import VAE_INDUCTOR_OPTIONS
-    from mstar.engine.checked_compile import CheckedCompile
-    from mstar.engine.compile import CompiledFunction
-
-    compiled = CompiledFunction(
-        vae.decode_frames, compile_mode, "flux2_vae_decode", dynamic=False, extra_options=VAE_INDUCTOR_OPTIONS
-    )
-    return CheckedCompile(
-        lambda latents: compiled(as_inference_tensor(latents)), vae.decode_frames, "FLUX.2 VAE decode",
-        key=lambda latents: tuple(latents.shape[-2:]), parts=[compiled],
-    )  # fmt: skip

@@ -14,6 +14,8 @@ predicts the velocity and guidance is neg + scale * (pos - neg).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -23,10 +25,11 @@ from mstar.diffusion.vae_nodes import LATENTS
 from mstar.graph import RequestState, reference_image_input
 from mstar.models.flux2_klein.config import Flux2KleinConfig
 from mstar.models.flux2_klein.dit import DiTInput
-from mstar.models.flux2_klein.geometry import Flux2KleinGeometry
-from mstar.models.flux2_klein.model import Flux2KleinParams
+from mstar.models.flux2_klein.geometry import Flux2KleinGeometry, reference_pixel_size, warmup_reference_size
+from mstar.models.flux2_klein.model import WARMUP_NUM_REFERENCES, Flux2KleinParams
 from mstar.models.flux2_klein.references import prepare_reference
 from mstar.models.flux2_klein.schedule import make_sampler
+from mstar.models.flux2_klein.vae_compile import seeded_pixels
 from mstar.models.text_encoding import NEGATIVE_PROMPT_EMBEDS, PROMPT_EMBEDS
 
 TEXT_OF_LABEL = {COND: PROMPT_EMBEDS, UNCOND: NEGATIVE_PROMPT_EMBEDS}
@@ -48,17 +51,18 @@ def as_uint8_image(value) -> np.ndarray:
 
 class Flux2KleinPipeline:
     """Components (each None where this worker does not hold it): `text_encoder` (PromptEncoder),
-    `vae_encoder` (VAEEncoder), `dit` (Flux2DiT) with its `attention` resource, `vae`
-    (VAEDecoder) and `decoder`: its decode as served (a CheckedCompile when compiled, None eager)."""
+    `vae_encoder` (VAEEncoder) and `encoder`: its encode as served, `dit` (Flux2DiT) with its
+    `attention` resource, `vae` (VAEDecoder) and `decoder`: its decode as served (`encoder` and
+    `decoder` are CheckedFunctions when compiled, None eager; vae_compile.py)."""
 
     def __init__(
         self, config: Flux2KleinConfig, device: str | torch.device, text_encoder=None, vae_encoder=None,
-        dit=None, attention=None, vae=None, decoder=None,
+        dit=None, attention=None, vae=None, decoder=None, encoder=None,
     ):  # fmt: skip
         self.config = config
         self.geometry = Flux2KleinGeometry.of(config)
         self.device = torch.device(device)
-        self.text_encoder, self.vae_encoder = text_encoder, vae_encoder
+        self.text_encoder, self.vae_encoder, self.encoder = text_encoder, vae_encoder, encoder
         self.dit, self.attention = dit, attention
         self.vae, self.decoder = vae, decoder
 
@@ -89,8 +93,25 @@ class Flux2KleinPipeline:
                 raise ValueError(f"request {request.request_id}: the edit lacks its image '{key}'")
             image = as_uint8_image(request.tensors.pop(key))
             pixels = prepare_reference(image, self.geometry.vae_scale)  # [3, h, w] in [-1, 1]
-            latents = self.vae_encoder.encode(pixels[None].to(weight.device, weight.dtype))
+            latents = self._encode(pixels[None].to(weight.device, weight.dtype))
             request.tensors[reference_latents_key(index)] = latents[0].float()
+
+    def _encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.vae_encoder.encode(pixels) if self.encoder is None else self.encoder(pixels)
+
+    def warmup_encode(self, size, index: int) -> None:
+        """Compile and check the encode of a reference at a config compile size (None: 1024x1024)
+        inline, on seeded pixels: as large as the output, encoded at its capped, cropped size."""
+        uploaded = warmup_reference_size(*self._image_size(size))
+        if uploaded is None:
+            return
+        width, height = reference_pixel_size(*uploaded, vae_scale=self.geometry.vae_scale)
+        weight = next(self.vae_encoder.parameters())
+        pixels = seeded_pixels((1, 3, height, width), index, weight.device, weight.dtype)
+        if self.encoder is None:
+            self._encode(pixels)
+        else:
+            self.encoder.warm(pixels)  # inline: a configured size never waits for the compile thread
 
     # ---- 3. the denoise loop (dit node) -----------------------------------------------------
 
@@ -153,6 +174,22 @@ class Flux2KleinPipeline:
         )
         return DenoiseItem("warmup", COND, latents, 500.0, 0.5, 0, text, {})
 
+    def warmup_items(self, size) -> list[DenoiseItem]:
+        """The boot warmup's items of a compile size: text-to-image, and an edit with the warmup's
+        reference images (their tokens lengthen the pack; their rotary tables are built once)."""
+        t2i = self.warmup_item(size)
+        uploaded = warmup_reference_size(*self._image_size(size))
+        if uploaded is None:
+            return [t2i]
+        width, height = reference_pixel_size(*uploaded, vae_scale=self.geometry.vae_scale)
+        rows, cols = self.geometry.latent_grid(width, height)
+        channels = self.config.transformer.in_channels
+        references = [
+            torch.zeros(channels, rows, cols, device=self.device) for _ in range(WARMUP_NUM_REFERENCES)
+        ]
+        edit = dataclasses.replace(t2i, condition={REFERENCES: references})
+        return [t2i, edit]
+
     # ---- 4. decode (vae_decoder node) -------------------------------------------------------
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -164,7 +201,11 @@ class Flux2KleinPipeline:
         """Compile and check one size's decode on seeded random latents."""
         rows, cols = self.geometry.latent_grid(*self._image_size(size))
         channels = self.config.vae.patchified_channels
-        self.decode(seeded_noise((channels, rows, cols), seed=index, device=self.device))
+        latents = seeded_noise((channels, rows, cols), seed=index, device=self.device)
+        if self.decoder is None:
+            self.decode(latents)
+        else:
+            self.decoder.warm(latents)  # inline: a configured size never waits for the compile thread
 
     @staticmethod
     def _image_size(size) -> tuple[int, int]:

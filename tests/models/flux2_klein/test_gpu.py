@@ -142,3 +142,32 @@ def test_fused_real_size_dit_matches_eager_on_a_mixed_pack():
     for a, b in zip(want, got, strict=True):
         rel = ((b.float() - a.float()).norm() / a.float().norm()).item()
         assert rel <= MAX_REL_ERR, rel
+
+
+@pytest.mark.slow
+def test_after_warmup_a_first_generation_and_edit_at_the_configured_size_compile_nothing():
+    """Real size, compiled as served: after every node's boot warmup at 512x512, a text-to-image
+    request and an edit with two 512x512 references run on graphs compiled at warmup only (the
+    VAE's encode and decode sizes among the checked ones, none left for the compile thread)."""
+    from mstar.engine.checked_compile import COMPILED, PENDING
+
+    spec = Flux2KleinSpec()
+    config = ServerConfig(
+        model=spec.name, device="cuda", random_weights=True, compile_mode="deterministic",
+        warmup=True, compile_sizes=["512x512"],
+    )  # fmt: skip
+    ctx = BuildContext(config=config, device="cuda", node_names=spec.node_names, random_weights=True)
+    nodes = spec.build_nodes(ctx)
+    for node in nodes.values():
+        node.warmup()
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 256, (512, 512, 3), dtype=np.uint8) for _ in range(2)]
+    generate(
+        nodes, [make_request(spec, "t2i", prompt="a", width=512, height=512, num_inference_steps=2, seed=1)]
+    )
+    generate(nodes, [make_request(spec, "edit", images, prompt="b", num_inference_steps=2, seed=2)])
+    assert [node.num_recompiles() for node in nodes.values()] == [0, 0, 0, 0]
+    encode = nodes["vae_encoder"].pipeline.encoder.checked
+    decode = nodes["vae_decoder"].pipeline.decoder.checked
+    assert encode.keys(COMPILED) == {(1, 3, 512, 512)} and decode.keys(COMPILED) == {(32, 32)}
+    assert not encode.keys(PENDING) and not decode.keys(PENDING)
