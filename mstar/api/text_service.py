@@ -46,7 +46,7 @@ class Choice:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
-    submitted_at: float | None = None  # time.monotonic()
+    submitted_at: float | None = None  # time.monotonic(), when handed to the runtime
     first_token_s: float | None = None  # after arrival
     last_token_s: float | None = None
     first_piece_s: float | None = None  # after arrival (a non-streaming request's only piece)
@@ -98,12 +98,12 @@ class TextService:
         """All or nothing: when the queue fills part way, the ones admitted are aborted."""
         try:
             for choice in choices:
+                choice.submitted_at = time.monotonic()  # before: the worker may start on it at once
                 choice.handle = self.runtime.submit(
                     choice.request,
                     timeout_s=self.config.request_timeout_s,
                     stream_outputs=(TEXT_KEY,),
                 )
-                choice.submitted_at = time.monotonic()
         except Overloaded:
             self.metrics.count_rejected()
             self.abort(choices)
