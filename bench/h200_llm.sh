@@ -32,7 +32,7 @@ bench_llm() {  # bench_llm MODEL: the serving benchmark and the baseline, one ta
     --kv-attention-backend "${KV_BACKEND:-auto}" --compile-cache-dir /tmp/mstar-cache \
     -o "$out/llm-$1.json" ${EXTRA:-} 2> "$out/llm-$1.log"
   status=$?
-  grep -E "KV pool|paged attention|captured|boot:" "$out/llm-$1.log" | sed 's/^/  log: /'
+  grep -E "KV pool|paged attention|captured|boot:|fused|compiled" "$out/llm-$1.log" | sed 's/^/  log: /'
   # with MSTAR_LOG_LEVEL=DEBUG: the prefix-cache phase's five (miss, hit) pairs, stage by stage
   grep "ms after arrival" "$out/llm-$1.log" | tail -10 | sed 's/^.*: ms after arrival: /  timeline: /'
   [ -e "$out/llm-$1.md" ] && cat "$out/llm-$1.md"

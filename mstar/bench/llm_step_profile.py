@@ -7,8 +7,10 @@ prefilled, then timed decode steps run back to back as the worker's step loop wo
 reports the wall ms a step (the pace the server decodes at), the host ms spent in each part of the
 node's forward (scheduling, queueing the model, planning attention, sampling, reading back, text
 and pieces), the device's busy ms a step (kernel time under torch.profiler) and every synchronizing
-CUDA call with the code that made it (torch's sync debug mode). A diagnostic for speed work: the
-figures that count come from `mstar bench llm`.
+CUDA call with the code that made it (torch's sync debug mode). Before those, the wall ms of one
+prefill step of a fresh prompt of each `--prefill-tokens` length. The node is the served one: the
+model transformed and compiled under `--compile-mode` (the server's default unless given; "off" is
+the eager reference). A diagnostic for speed work: the figures that count come from `mstar bench llm`.
 """
 
 from __future__ import annotations
@@ -46,22 +48,25 @@ class PartTimer:
         setattr(owner, attribute, timed)
 
 
-def build(model_name: str, max_num_seqs: int, device: str) -> tuple[Any, Any]:
+def build(model_name: str, max_num_seqs: int, device: str, compile_mode: str) -> tuple[Any, Any]:
+    """The node as the server builds it (mstar.models.qwen3.nodes: the speed-up transform under
+    `compile_mode`, compiled at warmup before the decode graphs)."""
     import torch
 
     from mstar.config import ServerConfig
     from mstar.graph import BuildContext
-    from mstar.llm.build import build_llm_node
     from mstar.llm.tokenizer import ByteTokenizer
     from mstar.models.qwen3.config import QWEN3_CONFIGS
-    from mstar.models.qwen3.nodes import geometry_of, load_qwen3
+    from mstar.models.qwen3.nodes import build_qwen3_llm_node, load_qwen3
 
     config = QWEN3_CONFIGS[model_name]
     model = load_qwen3(config, device, torch.bfloat16, folder=None, seed=0)
-    server = ServerConfig(model=model_name, max_num_seqs=max_num_seqs, kv_pool_pages=2048)
+    server = ServerConfig(
+        model=model_name, max_num_seqs=max_num_seqs, kv_pool_pages=2048, compile_mode=compile_mode
+    )
     ctx = BuildContext(server, device, ("llm",))
     tokenizer = ByteTokenizer(config.vocab_size)
-    node = build_llm_node(ctx, model, geometry_of(config), tokenizer, (), 4096, torch.bfloat16)
+    node = build_qwen3_llm_node(ctx, config, model, tokenizer, (), 4096, torch.bfloat16)
     node.warmup()
     return node, config
 
@@ -195,16 +200,48 @@ def profile_rows(node: Any, vocab_size: int, num_rows: int, sampled: bool, num_s
     return result
 
 
+def prefill_ms(node: Any, vocab_size: int, num_tokens: int, num_runs: int = 5) -> float:
+    """Wall ms of one step that prefills a fresh `num_tokens`-token prompt (the median of a few):
+    a short one is bound by the host's launches, a long one by the device."""
+    import statistics
+
+    from mstar.graph import RequestState
+    from mstar.llm.params import TextRequest, TextSampling
+
+    times = []
+    for run in range(num_runs):
+        prompt = [(run * 7919 + i) % vocab_size for i in range(num_tokens)]
+        params = TextRequest(prompt, TextSampling(max_tokens=1, ignore_eos=True, temperature=0.0))
+        state = RequestState(f"prefill-{num_tokens}-{run}", params)
+        state.emit_output = lambda key, piece: None
+        node.prepare(state)
+        _synchronize()
+        begin = time.perf_counter()
+        while not node.check_stop(state):
+            node.forward([state])
+        _synchronize()
+        times.append(1000 * (time.perf_counter() - begin))
+        node.release(state)
+    return round(statistics.median(times), 3)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-0.6b")
     parser.add_argument("--rows", default="1,32")
     parser.add_argument("--num-steps", type=int, default=100)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--compile-mode", default="deterministic", help="the server's compile_mode")
+    parser.add_argument("--prefill-tokens", default="8,2048", help="prompt lengths of timed prefills")
     parser.add_argument("-o", "--output", default="llm-step-profile.json")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     rows = [int(r) for r in args.rows.split(",")]
-    node, config = build(args.model, max(rows), args.device)
+    node, config = build(args.model, max(rows), args.device, args.compile_mode)
+    prefills = {n: prefill_ms(node, config.vocab_size, int(n)) for n in args.prefill_tokens.split(",")}
+    print(json.dumps({"compile_mode": args.compile_mode, "prefill_ms": prefills}), flush=True)
     results = []
     for num_rows in rows:
         for sampled in (False, True):
@@ -215,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                 [(o["name"], round(o["self_cpu_ms_per_step"], 3)) for o in result["top_host_ops"][:12]],
             )
             results.append(result)
-    Path(args.output).write_text(json.dumps({"model": args.model, "results": results}, indent=1))
+    summary = {"model": args.model, "compile_mode": args.compile_mode, "prefill_ms": prefills}
+    summary["recompiles_after_warmup"] = node.num_recompiles()
+    print(json.dumps(summary), flush=True)
+    Path(args.output).write_text(json.dumps({**summary, "results": results}, indent=1))
     return 0
 
 

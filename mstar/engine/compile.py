@@ -101,6 +101,11 @@ class CompiledFunction:
 
     Call `finish_warmup()` after the warmup sizes ran: any compile after that is a recompile.
 
+    `dynamic=None` is dynamo's automatic dynamic: the first call's shapes compile static, and a
+    dimension that later changes is made dynamic (a model whose only varying dimension is its token
+    count: every other size, and int arguments such as head counts, stay constants). `fullgraph`
+    makes a graph break an error instead of a split.
+
     `duck_shapes=False` gives every dynamic dimension its own symbol. With torch's duck shapes,
     dimensions of equal size at the first compile share one, so a dynamic dimension that happens to
     equal one the graph specialises (the 2 of stacked keys/values) is specialised with it, and a
@@ -116,11 +121,12 @@ class CompiledFunction:
         fn: Callable[..., Any],
         mode: str,
         name: str,
-        dynamic: bool = True,
+        dynamic: bool | None = True,
         extra_options: dict[str, Any] | None = None,
         persistent_rows: bool = False,
         duck_shapes: bool = True,
         backend: Callable[..., Any] | str | None = None,
+        fullgraph: bool = False,
     ):
         self.name = name
         self.mode = mode
@@ -133,6 +139,7 @@ class CompiledFunction:
         self._eager = fn
         self._backend = backend
         self._duck_shapes = duck_shapes or mode == "off"
+        self._fullgraph = fullgraph
         self._compiled = fn if mode == "off" else self._compile(fn, dynamic)
         self._trace_config = None if mode == "off" else self._trace_config_patch(dynamic)
 
@@ -140,17 +147,22 @@ class CompiledFunction:
     def eager(self) -> Callable[..., Any]:
         return self._eager
 
-    def _trace_config_patch(self, dynamic: bool) -> Callable[[], Any]:
+    def _trace_config_patch(self, dynamic: bool | None) -> Callable[[], Any] | None:
         """What dynamo reads when it traces (inside a call); a compiled graph's guards do not
-        depend on it. Built once here, not on every step's call."""
+        depend on it. Built once here, not on every step's call; None when nothing needs patching
+        (entering a patch costs tens of microseconds a call)."""
         import torch._dynamo.config as dynamo_config
         import torch.fx.experimental._config as shape_config
 
-        dynamo_options = {"specialize_float": True} if hasattr(dynamo_config, "specialize_float") else {}
-        if not dynamic:
+        dynamo_options = {}
+        if dynamic is not None and hasattr(dynamo_config, "specialize_float"):
+            dynamo_options["specialize_float"] = True  # automatic dynamic traces floats as constants
+        if dynamic is False:
             limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
             dynamo_options[limit] = MAX_STATIC_GRAPHS
         shape_options = {} if self._duck_shapes else {"use_duck_shape": False}
+        if not dynamo_options and not shape_options:
+            return None
 
         @contextlib.contextmanager
         def patch():
@@ -159,7 +171,7 @@ class CompiledFunction:
 
         return patch
 
-    def _compile(self, fn: Callable[..., Any], dynamic: bool) -> Callable[..., Any]:
+    def _compile(self, fn: Callable[..., Any], dynamic: bool | None) -> Callable[..., Any]:
         import torch
         import torch._inductor.config as inductor_config
         from torch._inductor.compile_fx import compile_fx
@@ -194,7 +206,7 @@ class CompiledFunction:
             with V.set_choices_handler(choices()):
                 return compile_fx(graph_module, example_inputs, config_patches=options)
 
-        return torch.compile(fn, backend=counting_backend, dynamic=dynamic)
+        return torch.compile(fn, backend=counting_backend, dynamic=dynamic, fullgraph=self._fullgraph)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._trace_config is None:

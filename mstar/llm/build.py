@@ -1,7 +1,10 @@
 """Build the LLM node in a worker: the KV pool (sized after the weights), attention over it, the
 sampler, the scheduler and, on CUDA, decode graphs captured at warmup.
 
-    node = build_llm_node(ctx, model, geometry, tokenizer, eos_ids, context_length)
+    node = build_llm_node(ctx, model, geometry, tokenizer, eos_ids, context_length, dtype, compiled=parts)
+
+`compiled` (the CompiledParts of a model whose forward calls compiled functions) is compiled at
+the node's warmup, before the decode graphs are captured (mstar.llm.warmup).
 
 `geometry` is the model's LLMGeometry (layers, heads, kv heads, head dim, vocabulary): all the
 engine needs to know of it. The model must already be on the device (its weights are what the
@@ -26,6 +29,7 @@ from mstar.llm.node import LLMNode
 from mstar.llm.runner import ModelRunner
 from mstar.llm.sampling import Sampler
 from mstar.llm.scheduler import Scheduler, SchedulerConfig
+from mstar.llm.warmup import LLMWarmup
 
 log = logging.getLogger("mstar.llm")
 CPU_KV_BUDGET_BYTES = (
@@ -52,6 +56,7 @@ def build_llm_node(
     dtype: torch.dtype,
     name: str = "llm",
     overlap: bool | None = None,
+    compiled: Any = None,
 ) -> LLMNode:
     """`overlap` (default: on CUDA) queues each step before the previous one is read back."""
     config = ctx.config
@@ -91,12 +96,7 @@ def build_llm_node(
         config.max_num_seqs, max(config.max_num_batched_tokens, config.max_num_seqs)
     )
     scheduler = Scheduler(scheduler_config, pool.pages)
-
-    def warmup() -> None:
-        sampler.warmup()
-        if graphs is not None:
-            graphs.capture()
-
+    warmup = LLMWarmup(model, attention, sampler, graphs, compiled, scheduler_config.max_num_batched_tokens)
     overlap = device.type == "cuda" if overlap is None else overlap
     return LLMNode(
         name, runner, scheduler, tokenizer, eos_ids, context_length, warmup_steps=warmup, overlap=overlap

@@ -194,7 +194,9 @@ class LLMNode(Node):
             self._warmup_steps()
 
     def num_recompiles(self) -> int:
-        return self.runner.sampler.num_recompiles
+        """The sampler's and the model's compiles after warmup (mstar.llm.warmup counts the model's)."""
+        model = int(getattr(self._warmup_steps, "num_recompiles", 0))
+        return self.runner.sampler.num_recompiles + model
 
     def event_counts(self) -> dict[str, int]:
         stats = self.scheduler.stats

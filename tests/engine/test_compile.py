@@ -42,6 +42,30 @@ def test_compiles_are_counted_and_recompiles_flagged(monkeypatch):
     assert compiled.num_recompiles == 1
 
 
+def test_automatic_dynamic_makes_only_the_changing_dimension_dynamic():
+    """dynamic=None: the first shapes compile static, a changed size compiles once more (dynamic),
+    and an int argument stays a constant; fullgraph makes a graph break an error."""
+    torch._dynamo.reset()
+
+    def heads(x, num_heads: int):
+        return x.unflatten(-1, (num_heads, -1)).sum(-1)
+
+    compiled = CompiledFunction(heads, "default", "heads", dynamic=None, backend="eager", fullgraph=True)
+    for num_tokens in (1, 2, 5, 17):
+        assert compiled(torch.ones(num_tokens, 8), 4).shape == (num_tokens, 4)
+    assert compiled.num_compiles == 2  # one token, then any other count
+
+    def breaks(x):
+        torch._dynamo.graph_break()
+        return x + 1
+
+    with pytest.raises(Exception, match="graph_break|Graph break|graph break"):
+        CompiledFunction(breaks, "default", "breaks", dynamic=None, backend="eager", fullgraph=True)(
+            torch.ones(3)
+        )
+    torch._dynamo.reset()
+
+
 class _FakeSizeVars:
     @staticmethod
     def statically_known_leq(left, right) -> bool:

@@ -60,6 +60,17 @@ def test_write_then_gather_round_trips():
     assert pool.layer(0).abs().sum() == 0
 
 
+def test_one_copy_of_keys_and_values_writes_what_two_do():
+    slots = torch.tensor([3, 17, 18])
+    k, v = torch.randn(3, 2, 8, dtype=torch.float64), torch.randn(3, 2, 8, dtype=torch.float64)
+    two, one = make_pool(), make_pool()
+    two.write(1, two.key_rows(slots), k, v)
+    kv_rows = one.kv_rows(slots)
+    assert kv_rows.tolist() == one.kv_rows(slots.numpy()).tolist()  # host (numpy) and device alike
+    one.write_kv(1, kv_rows, k, v)
+    assert torch.equal(one.cache, two.cache)
+
+
 def test_sizing_from_memory_fraction_and_caps():
     geometry = KVGeometry(2, 2, 8, torch.float32, 4)  # 512 bytes a token, 2 KiB a page
     sizing = size_pool(geometry, "cpu", num_pages=None, memory_fraction=0.5, max_useful_pages=10**9,

@@ -25,7 +25,13 @@ def tiny_model(config: Qwen3Config = TINY, dtype=torch.float64, seed: int = 0):
 
 
 def make_node(
-    model, config: Qwen3Config = TINY, dtype=torch.float64, context_length=512, overlap=False, **server_fields
+    model,
+    config: Qwen3Config = TINY,
+    dtype=torch.float64,
+    context_length=512,
+    overlap=False,
+    compiled=None,
+    **server_fields,
 ):
     server_fields.setdefault("kv_pool_pages", 256)
     server_fields.setdefault("kv_page_tokens", 4)
@@ -33,7 +39,15 @@ def make_node(
     ctx = BuildContext(server, "cpu", ("llm",))
     tokenizer = ByteTokenizer(config.vocab_size)
     return build_llm_node(
-        ctx, model, geometry_of(config), tokenizer, (), context_length, dtype, overlap=overlap
+        ctx,
+        model,
+        geometry_of(config),
+        tokenizer,
+        (),
+        context_length,
+        dtype,
+        overlap=overlap,
+        compiled=compiled,
     )
 
 

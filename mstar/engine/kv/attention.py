@@ -6,8 +6,9 @@
 
 `forward` writes the new tokens' keys and values [total_q, kv_heads, head_dim] to their slots, then
 runs q [total_q, heads, head_dim] against each segment's tokens in the pool (causal, the new tokens
-last) and returns [total_q, heads, head_dim]. The write index (pool rows of the new tokens) is staged
-to the device once per plan, through pinned memory, and every layer reuses it.
+last) and returns [total_q, heads, head_dim]. The write index (pool rows of the new tokens' keys,
+then of their values) is staged to the device once per plan, through pinned memory, and every
+layer reuses it: one copy a layer writes both.
 
 Decode steps can replay CUDA graphs (`plan(layout, graph_rows=B)`): the step is padded to B decode
 rows (the padding rows write to and read the pool's scratch page) and planned into wrappers and
@@ -75,7 +76,7 @@ class PagedAttention:
         self._ring = [backend.make_wrapper(captured=False) for _ in range(NUM_SLOTS)]
         self._next = 0
         self._graph_wrappers: dict[int, PagedWrapper] = {}
-        self._graph_rows: dict[int, torch.Tensor] = {}  # static write index per graph size
+        self._graph_rows: dict[int, torch.Tensor] = {}  # static write index [2 B] per graph size
         self._active: PagedWrapper | None = None
         self._write_rows: torch.Tensor | None = None
         self.layout: PagedLayout | None = None
@@ -116,14 +117,12 @@ class PagedAttention:
         if wrapper is None:
             with torch.inference_mode(False):
                 wrapper = self.backend.make_wrapper(captured=True, num_rows=num_rows)
-                self._graph_rows[num_rows] = torch.zeros(num_rows, dtype=torch.int64, device=self.device)
+                self._graph_rows[num_rows] = torch.zeros(2 * num_rows, dtype=torch.int64, device=self.device)
             self._graph_wrappers[num_rows] = wrapper
         return wrapper
 
     def _host_rows(self, layout: PagedLayout) -> torch.Tensor:
-        slots = layout.write_slots
-        tokens = self.pool.page_tokens
-        rows = (slots // tokens) * (2 * tokens) + slots % tokens
+        rows = self.pool.kv_rows(layout.write_slots)  # [2 total_q]: key rows, then value rows
         host = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
         return host.pin_memory() if self.device.type == "cuda" else host
 
@@ -138,7 +137,7 @@ class PagedAttention:
         """q [T, heads, D], k/v [T, kv_heads, D] of the planned step's new tokens -> [T, heads, D]."""
         if self._active is None or self._write_rows is None:
             raise RuntimeError("paged attention: forward before plan (or after a failed plan)")
-        self.pool.write(layer, self._write_rows, k, v)
+        self.pool.write_kv(layer, self._write_rows, k, v)
         return self._active.run_paged(q.to(self.heads.dtype), self.pool, layer)
 
     def write_only(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -146,7 +145,7 @@ class PagedAttention:
         later readers, such as a DiT's text tokens)."""
         if self._write_rows is None:
             raise RuntimeError("paged attention: write before plan")
-        self.pool.write(layer, self._write_rows, k, v)
+        self.pool.write_kv(layer, self._write_rows, k, v)
 
 
 def pad_decode_layout(layout: PagedLayout, num_rows: int, scratch_page: int) -> PagedLayout:

@@ -18,6 +18,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from mstar.engine.kv.pages import PageTable
@@ -111,6 +112,19 @@ class KVPool:
         rows = self.rows(layer)
         rows.index_copy_(0, key_rows, k.to(rows.dtype))
         rows.index_copy_(0, key_rows + self.page_tokens, v.to(rows.dtype))
+
+    def kv_rows(self, slots):
+        """Rows (see `rows`) of the keys of pool slots, then of their values: [2N] for N slots
+        (numpy or torch alike), what `write_kv` takes."""
+        keys = self.key_rows(slots)
+        values = keys + self.page_tokens
+        return torch.cat([keys, values]) if isinstance(keys, torch.Tensor) else np.concatenate([keys, values])
+
+    def write_kv(self, layer: int, kv_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """`write` as one copy: k, v [N, kv_heads, head_dim] at `kv_rows` [2N] (`kv_rows`: key rows,
+        then value rows), the index made once per step instead of once a layer."""
+        rows = self.rows(layer)
+        rows.index_copy_(0, kv_rows, torch.cat([k, v]).to(rows.dtype))
 
     def gather(self, layer: int, key_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [N, kv_heads, head_dim] of the slots whose key rows are given, as
