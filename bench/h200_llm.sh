@@ -12,7 +12,8 @@
 #   bash bench/h200_llm.sh llm-0.6b     mstar bench llm --model qwen3-0.6b                   ~4 min
 #   bash bench/h200_llm.sh llm-8b       mstar bench llm --model qwen3-8b                     ~7 min
 # Knobs (environment): CONCURRENCY (1,8,32,128), KV_BACKEND (auto | flashinfer | fa3 | torch),
-# EXTRA (more `mstar bench llm` flags, e.g. "--no-cuda-graphs --skip-baseline").
+# EXTRA (more `mstar bench llm` flags, e.g. "--no-cuda-graphs --skip-baseline"),
+# MSTAR_LOG_LEVEL=DEBUG (the server logs each text request's stages; the prefix-cache phase's print).
 set -uo pipefail
 
 phase="${1:?usage: bash bench/h200_llm.sh llm-test|llm-0.6b|llm-8b}"
@@ -32,6 +33,8 @@ bench_llm() {  # bench_llm MODEL: the serving benchmark and the baseline, one ta
     -o "$out/llm-$1.json" ${EXTRA:-} 2> "$out/llm-$1.log"
   status=$?
   grep -E "KV pool|paged attention|captured|boot:|fused|compiled" "$out/llm-$1.log" | sed 's/^/  log: /'
+  # with MSTAR_LOG_LEVEL=DEBUG: the prefix-cache phase's five (miss, hit) pairs, stage by stage
+  grep "ms after arrival" "$out/llm-$1.log" | tail -10 | sed 's/^.*: ms after arrival: /  timeline: /'
   [ -e "$out/llm-$1.md" ] && cat "$out/llm-$1.md"
   return $status
 }

@@ -44,7 +44,7 @@ def _text_service(request: Request) -> TextService:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    arrived = time.perf_counter()
+    arrived = time.monotonic()
     service = _text_service(request)
     body = ChatCompletionRequest.model_validate(await read_fields(request))
     body.check()
@@ -58,7 +58,7 @@ async def chat_completions(request: Request):
 
 @router.post("/v1/completions")
 async def completions(request: Request):
-    arrived = time.perf_counter()
+    arrived = time.monotonic()
     service = _text_service(request)
     body = CompletionRequest.model_validate(await read_fields(request))
     body.check()

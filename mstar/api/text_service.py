@@ -2,11 +2,15 @@
 their token pieces followed as they come (streamed or gathered), TTFT/TPOT and token counts to
 /metrics. Every request's pieces arrive as runtime Piece events of the output "text" (TextPiece
 dicts, mstar.llm.params); a failure anywhere aborts the other choices of the same HTTP request.
+With DEBUG logging each finished choice logs its stages in ms after the HTTP request arrived
+(submitted, at the node, first step queued, first token read back, first piece here, done).
+Times are time.monotonic(): the workers' stages come in the first piece, from the same clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,6 +25,12 @@ from mstar.llm.params import TextRequest
 from mstar.runtime.events import Done, Failed, Piece
 
 TEXT_KEY = "text"
+log = logging.getLogger("mstar.api")
+WORKER_STAGES = (
+    ("prepared", "at the node"),
+    ("first_step", "first step queued"),
+    ("first_token", "first token read"),
+)
 
 
 @dataclass
@@ -36,11 +46,17 @@ class Choice:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    submitted_at: float | None = None  # time.monotonic(), when handed to the runtime
     first_token_s: float | None = None  # after arrival
     last_token_s: float | None = None
+    first_piece_s: float | None = None  # after arrival (a non-streaming request's only piece)
+    worker_times: dict[str, float] = field(default_factory=dict)  # the first piece's timeline
     pieces: list[dict[str, Any]] = field(default_factory=list)  # gathered (non-streaming)
 
     def take(self, piece: dict[str, Any], now_s: float) -> None:
+        if self.first_piece_s is None:
+            self.first_piece_s = now_s
+            self.worker_times = piece.get("timeline") or {}
         self.text += piece.get("text", "")
         if piece.get("token_ids"):
             if self.first_token_s is None:
@@ -82,6 +98,7 @@ class TextService:
         """All or nothing: when the queue fills part way, the ones admitted are aborted."""
         try:
             for choice in choices:
+                choice.submitted_at = time.monotonic()  # before: the worker may start on it at once
                 choice.handle = self.runtime.submit(
                     choice.request,
                     timeout_s=self.config.request_timeout_s,
@@ -101,13 +118,16 @@ class TextService:
                 self.runtime.abort(choice.handle.request_id)
 
     async def follow(self, choice: Choice, arrived: float) -> AsyncIterator[dict[str, Any]]:
-        """The choice's pieces as they come; ApiError when its request fails."""
+        """The choice's pieces as they come; ApiError when its request fails. `arrived`: when its
+        HTTP request did (time.monotonic())."""
         async for event in choice.handle.events():
             if isinstance(event, Piece) and event.key == TEXT_KEY:
-                choice.take(event.value, time.perf_counter() - arrived)
+                choice.take(event.value, time.monotonic() - arrived)
                 yield event.value
             elif isinstance(event, Done):
                 self._observe(choice)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s", timeline(choice, arrived, time.monotonic()))
                 return
             elif isinstance(event, Failed):
                 raise failure_error(event.kind, event.message)
@@ -158,6 +178,23 @@ class TextService:
         async for choice, piece in self.merged(choices, arrived):
             choice.pieces.append(piece)
         return choices
+
+
+def timeline(choice: Choice, arrived: float, done_at: float) -> str:
+    """One line: the choice's stages in ms after its HTTP request arrived."""
+
+    def ms(at: float | None) -> str:
+        return "-" if at is None else f"{(at - arrived) * 1000:.1f}"
+
+    stages = [f"submitted {ms(choice.submitted_at)}"]
+    stages += [f"{label} {ms(choice.worker_times.get(key))}" for key, label in WORKER_STAGES]
+    first_piece = None if choice.first_piece_s is None else arrived + choice.first_piece_s
+    stages += [f"first piece {ms(first_piece)}", f"done {ms(done_at)}"]
+    return (
+        f"text request {choice.handle.request_id}: ms after arrival: {', '.join(stages)} "
+        f"({choice.num_prompt_tokens} prompt tokens, {choice.num_cached_tokens} cached, "
+        f"{choice.num_output_tokens} output)"
+    )
 
 
 def usage(choices: list[Choice]) -> dict[str, Any]:

@@ -5,11 +5,14 @@ tokens, filled when the sample is read back, possibly after the next step was qu
 device's copy), then `take(token, logprob info)`; the state decides whether the request stops (a
 stop token id, EOS unless ignore_eos, a stop string, max_tokens, the context length) and collects
 what the next TextPiece carries. The stop token itself is not part of the
-text (OpenAI's and vLLM's default).
+text (OpenAI's and vLLM's default). The first piece also carries when the request reached the node,
+when its first token's step was queued and when that token was read back (time.monotonic: the
+workers share the API's host and its clock), for the API's per-request timeline.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from mstar.llm.detokenizer import IncrementalDetokenizer, StopText
@@ -29,7 +32,11 @@ class Generation:
     stop_text: StopText = field(init=False)
     finish_reason: str | None = None
     num_taken: int = 0  # sampled tokens read back so far
+    prepared_at: float = field(default_factory=time.monotonic)
+    first_step_at: float | None = None  # the step that samples the first token was queued
+    first_token_at: float | None = None  # ... and read back
     _final_sent: bool = False
+    _num_pieces: int = 0
     _pending: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -61,6 +68,8 @@ class Generation:
         """A step will sample this request's next token: hold its place (PENDING); when that is the
         last token the limits allow, no further step is planned for the sequence."""
         seq = self.seq
+        if self.first_step_at is None:
+            self.first_step_at = time.monotonic()
         seq.append(PENDING)
         seq.num_pending += 1
         if seq.num_outputs >= self.request.sampling.max_tokens or seq.num_tokens >= self.max_model_len:
@@ -74,6 +83,8 @@ class Generation:
         seq.tokens[seq.num_prompt + self.num_taken] = int(token)
         seq.num_pending -= 1
         self.num_taken += 1
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
         if self.finished:
             return  # a step queued before the stop was known: its token is dropped
         pending = self._pending
@@ -115,6 +126,13 @@ class Generation:
         }
         if self.finish_reason is not None:
             piece["finish_reason"] = self.finish_reason
+        if self._num_pieces == 0:
+            piece["timeline"] = {
+                "prepared": self.prepared_at,
+                "first_step": self.first_step_at,
+                "first_token": self.first_token_at,
+            }
+        self._num_pieces += 1
         if self.request.sampling.logprobs is not None:
             piece.update(
                 logprobs=pending["logprobs"], top_logprobs=pending["top_logprobs"], tokens=pending["tokens"]

@@ -4,7 +4,10 @@ A decode step of a small model is launch-bound: hundreds of small kernels per la
 graph replays the whole model forward and the lm_head for B decode rows at once. A step of n <= B
 decode rows is padded to B (padding rows write to and read the pool's scratch page, and their logits
 are dropped); FlashInfer's captured decode wrapper is planned on the host before each replay and
-copies the page table into buffers the graph reads. Prefill steps (and mixed ones) run eagerly.
+copies the page table into buffers the graph reads. A step with prefill chunks whose new tokens
+fit the largest graph (a prompt's tail after a prefix-cache hit, a short prompt) replays one too,
+each new token a decode row of its own (PagedLayout.as_decode_rows): its eager forward would cost
+the host as many launches as any other step. Larger prefill steps run eagerly.
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from mstar.engine.kv.layout import PagedLayout
 
 log = logging.getLogger("mstar.llm")
 NUM_WARMUP_RUNS = 2
+# A prefill token replayed as a decode row reads its whole context, so the rows of one chunk read
+# its prefix once each (mostly from L2 while a layer's share fits there). Past this many keys read
+# by a step's prefill rows it runs eagerly and reads them once: a long context cannot multiply its
+# reads. (Its decode rows read what they read in any decode step: they do not count.)
+MAX_GRAPH_PREFILL_KV_TOKENS = 1 << 18
 
 
 def default_graph_sizes(max_num_seqs: int) -> list[int]:
@@ -32,10 +40,30 @@ class DecodeGraphs:
         self.attention = attention
         self.device = attention.device
         self.sizes = sorted(set(sizes))
+        self.max_page_indices = attention.backend.max_pages  # a captured wrapper's page table
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def fits(self, layout: PagedLayout) -> bool:
-        return bool(self._graphs) and layout.num_prefill == 0 and layout.num_segments <= self.sizes[-1]
+    def graph_layout(self, layout: PagedLayout) -> PagedLayout | None:
+        """What a graph replays for this step: a decode step as it is, a step with prefill chunks
+        as one decode row per new token (the same tokens in the same order; row i of the logits
+        is packed token i); None when the step runs eagerly."""
+        if not self._graphs or layout.total_q > self.sizes[-1]:
+            return None
+        if layout.num_prefill == 0:
+            return layout
+        if not layout.causal:
+            return None
+        rows = layout.as_decode_rows()
+        if rows.total_kv - sum(layout.kv_lens[: layout.num_decode]) > MAX_GRAPH_PREFILL_KV_TOKENS:
+            return None
+        padding = self.size_for(rows) - rows.num_segments  # a scratch page each
+        if self.max_page_indices is not None and rows.num_page_indices + padding > self.max_page_indices:
+            return None
+        return rows
+
+    def size_for(self, layout: PagedLayout) -> int:
+        """The smallest captured row count that holds the step."""
+        return next(s for s in self.sizes if s >= layout.num_segments)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -80,7 +108,7 @@ class DecodeGraphs:
     def run(self, layout: PagedLayout, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Replay the smallest graph that holds the step; float32 logits [size, V] (the first
         layout.num_segments rows are the step's; the rest are padding). Inputs are on the device."""
-        size = next(s for s in self.sizes if s >= layout.num_segments)
+        size = self.size_for(layout)
         graph, static_ids, static_positions, logits = self._graphs[size]
         self.attention.plan(layout, graph_rows=size)
         count = layout.num_segments

@@ -11,6 +11,9 @@ With `overlap` (on GPUs) a forward queues step n + 1 first, its decode inputs ta
 samples still on the device, and only then reads step n back and does its host work (stop rules,
 detokenizing, pieces) while the device runs n + 1. A request that stopped at step n has one wasted
 row in n + 1 (its token is dropped); one whose max_tokens is reached gets no row after its last.
+When the device has finished step n by then (a host-bound step, such as an eager prefill), step n
+is read back first: nothing waits for it, and its tokens (a request's first) leave before step
+n + 1 is queued.
 
 Request tensors: the final walk keeps "token_ids" int64 [num_output_tokens] (no stop token).
 """
@@ -104,14 +107,21 @@ class LLMNode(Node):
     def forward(self, batch: list[RequestState]) -> None:
         """Queue this step, then read back the previous one (its tokens, stops, pieces) while this
         one runs; without overlap (CPU), read this step back at once."""
-        if self._inflight is not None and self._num_penalized:
-            self._resolve()  # penalties count every output token: they must all be on the host
+        if self._inflight is not None and (self._num_penalized or self._inflight_done()):
+            # penalties count every output token (all must be on the host); a finished step
+            # is read at no cost, and its pieces need not wait for the next step's launch
+            self._resolve()
         step = self._launch()
         if self._inflight is not None:
             self._resolve()
         self._inflight = step
         if not self.overlap and step is not None:
             self._resolve()
+
+    def _inflight_done(self) -> bool:
+        """The step in flight is finished on the device: reading it back waits for nothing."""
+        pending = self._inflight.pending
+        return pending is None or pending.done()
 
     def _launch(self) -> InFlight | None:
         plan = self.scheduler.schedule()

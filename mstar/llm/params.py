@@ -75,3 +75,6 @@ class TextPiece(msgspec.Struct, frozen=True, omit_defaults=True):
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    # the first piece: when the node got the request, queued its first token's step and read that
+    # token back ("prepared", "first_step", "first_token": time.monotonic() of the worker's host)
+    timeline: dict[str, float] | None = None

@@ -69,16 +69,22 @@ class ModelRunner:
             input_ids[positions_index] = feed.source.token_ids[source_index]
         positions = to_device(torch.from_numpy(layout.new_positions.copy()), self.device)
         sample_rows = [index for index, row in enumerate(plan.rows) if row.samples]
-        if self.graphs is not None and self.graphs.fits(layout):
-            logits = self.graphs.run(layout, input_ids, positions)[: len(plan.rows)]
+        graph_layout = self.graphs.graph_layout(layout) if self.graphs is not None else None
+        if graph_layout is not None:  # logits of every packed token (and of the padding after them)
+            logits = self._sampled(self.graphs.run(graph_layout, input_ids, positions), layout, sample_rows)
             self.num_graph_steps += 1
-            if len(sample_rows) != len(plan.rows):
-                logits = logits[to_device(torch.tensor(sample_rows), self.device)]
         else:
             self.attention.plan(layout)
             hidden = self.model(input_ids, positions, self.attention)
-            last_tokens = torch.from_numpy((layout.qo_indptr[1:] - 1).astype(np.int64)[sample_rows])
-            logits = self.model.logits(hidden[to_device(last_tokens, self.device)])
+            logits = self.model.logits(self._sampled(hidden, layout, sample_rows))
         if not rows:
             return None
         return self.sampler.launch(logits, rows, histories)
+
+    def _sampled(self, packed: torch.Tensor, layout, sample_rows: list[int]) -> torch.Tensor:
+        """packed [T, ...] (a row per new token) -> the rows of the tokens that sample: the last
+        new token of each sampling segment, in plan order."""
+        if layout.num_prefill == 0 and len(sample_rows) == layout.num_segments:
+            return packed[: layout.num_segments]  # a decode step where every row samples: no index
+        last_tokens = torch.from_numpy((layout.qo_indptr[1:] - 1).astype(np.int64)[sample_rows])
+        return packed[to_device(last_tokens, self.device)]

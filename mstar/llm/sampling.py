@@ -53,6 +53,12 @@ class PendingSamples:
     copied: torch.cuda.Event | None
     num_top: int
 
+    def done(self) -> bool:
+        """Whether the device is known to be past the copies, so `read` would not wait (asked
+        without a sync). A CPU step has no copies in flight and says False: a node that overlaps
+        steps on the CPU (tests) keeps the order it takes while a GPU still runs the step."""
+        return self.copied is not None and self.copied.query()
+
     def read(self) -> SampleOutput:
         if self.copied is not None:
             self.copied.synchronize()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 
 import zmq
 
@@ -64,16 +65,23 @@ class StepOutbox:
     one ZMQ message of many frames at `flush`, which the sender calls at every step boundary and
     before it waits. Each send wakes ZMQ's I/O threads and the receiver, so a step of n requests
     costs one wake-up instead of n. Any other message flushes the waiting ones and leaves with them
-    at once: the order is kept, and endings (WalkDone, errors) never wait."""
+    at once: the order is kept, and endings (WalkDone, errors) never wait. So does a coalesced one
+    that `urgent` names (a request's first piece: its client is waiting for it)."""
 
-    def __init__(self, socket: zmq.Socket, coalesced: tuple[type, ...]):
+    def __init__(
+        self,
+        socket: zmq.Socket,
+        coalesced: tuple[type, ...],
+        urgent: Callable[[Message], bool] = lambda message: False,
+    ):
         self.socket = socket
         self.coalesced = coalesced
+        self.urgent = urgent
         self._frames: list[bytes] = []
 
     def send(self, message: Message) -> None:
         self._frames.append(messages.encode(message))
-        if not isinstance(message, self.coalesced):
+        if not isinstance(message, self.coalesced) or self.urgent(message):
             self.flush()
 
     def flush(self) -> None:

@@ -35,6 +35,13 @@ FLUSH_ON_EXIT_MS = 1000
 # sent by the hundred per step (a text model's token pieces): they leave together at the boundary
 COALESCED = (m.InlinePiece, m.StepProgress, m.StepStats, m.NodeEvents)
 
+
+def is_first_piece(message: m.Message) -> bool:
+    """A request's first output piece (its first tokens) leaves at once: the time to it is what
+    its client waits on, and there is one per request, not one per step."""
+    return isinstance(message, m.InlinePiece) and message.index == 0
+
+
 log = logging.getLogger("mstar.worker")
 
 
@@ -108,7 +115,7 @@ class Worker:
         self.context = zmq.Context()
         self.inbox, self.endpoint = bind_inbox(self.context, boot.bind_endpoint)
         self.conductor = connect_push(self.context, boot.conductor_endpoint)
-        self.outbox = StepOutbox(self.conductor, COALESCED)  # the step loop's messages
+        self.outbox = StepOutbox(self.conductor, COALESCED, is_first_piece)  # the step loop's messages
         self.peers = Outboxes(self.context)
         self.store = SegmentStore(boot.segment_dir, boot.segment_prefix)
         self.waker = Waker()  # nodes wake the idle poll when a request turns ready off the loop

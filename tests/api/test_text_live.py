@@ -6,6 +6,7 @@ flight."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 
 import httpx
@@ -106,6 +107,25 @@ def test_completions_route(client):
         model=MODEL, prompt=prompt, max_tokens=20, temperature=0, stream=True
     )
     assert "".join(c.choices[0].text for c in streamed) == "20 + 22 = 42"
+
+
+def test_debug_logging_gives_each_requests_stages_in_order(client, caplog):
+    """The worker's stages (first piece's timeline, same host clock) fall between the API's."""
+    import re
+
+    with caplog.at_level(logging.DEBUG, logger="mstar.api"):
+        stream = ask(client, "What is 12 + 30?", stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "12 + 30 = 42"
+    (line,) = [r.getMessage() for r in caplog.records if "ms after arrival" in r.getMessage()]
+    stages = re.findall(
+        r"(submitted|at the node|first step queued|first token read|first piece|done) ([\d.]+)", line
+    )
+    assert [name for name, _ in stages] == [
+        "submitted", "at the node", "first step queued", "first token read", "first piece", "done",
+    ]  # fmt: skip
+    times = [float(ms) for _, ms in stages]
+    assert times == sorted(times), line
+    assert re.search(r"\(\d+ prompt tokens, \d+ cached, 11 output\)$", line), line  # 10 tokens and the stop
 
 
 def test_models_card_gives_the_context_length(server):

@@ -102,6 +102,35 @@ def test_decode_graph_replay_equals_eager_decode():
     assert float((replayed - eager).norm() / eager.norm()) < 1e-2
 
 
+def test_a_prefill_tail_replayed_as_decode_rows_equals_the_eager_prefill():
+    """A prefix-cache hit's tail (24 new tokens after 200 in the pool, and a decode row beside it)
+    replayed in the decode graph of 32 rows gives the eager prefill's logits."""
+    pytest.importorskip("flashinfer")
+    from mstar.llm.graphs import DecodeGraphs
+    from mstar.models.qwen3.nodes import load_qwen3
+    from tests.llm.engine import TINY
+
+    config = TINY.with_changes(head_dim=128, hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
+    model = load_qwen3(config, "cuda", torch.bfloat16)
+    heads = PagedHeads(4, 2, 128, torch.bfloat16, PAGE, 128**-0.5)
+    # room for the rows' page table: each row lists its sequence's pages up to itself
+    pool = KVPool(KVGeometry(config.num_hidden_layers, 2, 128, torch.bfloat16, PAGE), 512, "cuda")
+    pool.cache.normal_(generator=torch.Generator("cuda").manual_seed(0))  # the cached prefix's keys
+    attention = build_paged_attention(pool, heads, "flashinfer", cuda_graphs=True)
+    graphs = DecodeGraphs(model, attention, [1, 8, 32])
+    graphs.capture()
+    layout = PagedLayout.build([1, 24], [40, 224], [[0, 1, 2], list(range(3, 17))], PAGE)
+    rows = graphs.graph_layout(layout)
+    assert rows is not None and rows.num_decode == 25
+    ids = torch.randint(0, config.vocab_size, (25,), generator=torch.Generator().manual_seed(1))
+    positions = torch.from_numpy(layout.new_positions.copy())
+    replayed = graphs.run(rows, ids.cuda(), positions.cuda())[:25].clone()
+    attention.plan(layout)
+    with torch.inference_mode():
+        eager = model.logits(model(ids.cuda(), positions.cuda(), attention))
+    assert float((replayed - eager).norm() / eager.norm()) < 1e-2
+
+
 @pytest.mark.parametrize("model", sorted(SHAPES))
 def test_planning_a_graph_decode_step_does_not_wait_for_the_device(model):
     """The host plans step n + 1 while the device still runs step n: with the device held busy,

@@ -200,3 +200,29 @@ def test_flashinfer_paged_backend_plans_decode_and_prefill_apart():
         pool.scratch_page,
         pool.scratch_page,
     ]
+
+
+def test_a_layout_as_decode_rows_keeps_slots_positions_and_attention():
+    """Each new token becomes a decode row over its sequence up to itself: the same pack order,
+    write slots and positions, and the same causal attention (torch reference, float64)."""
+    torch.manual_seed(0)
+    layout = PagedLayout.build([1, 3, 5], [6, 7, 5], [[7, 2], [0, 9], [4, 11]], 4)
+    rows = layout.as_decode_rows()
+    assert rows.num_decode == rows.num_segments == 9 and rows.num_prefill == 0
+    assert rows.kv_lens == (6, 5, 6, 7, 1, 2, 3, 4, 5)
+    assert rows.page_ids[1:4] == ((0, 9),) * 3 and rows.page_ids[4:8] == ((4,),) * 4
+    assert rows.write_slots.tolist() == layout.write_slots.tolist()
+    assert rows.new_positions.tolist() == layout.new_positions.tolist()
+    assert rows.num_page_indices == 2 + 3 * 2 + 4 * 1 + 2
+    assert layout.part(0, 1).as_decode_rows() == layout.part(0, 1)  # decode rows stay as they are
+    pool = make_pool(num_pages=16, layers=1)
+    pool.cache.normal_()
+    q, k, v = torch.randn(9, 4, 8, dtype=torch.float64), *torch.randn(2, 9, 2, 8, dtype=torch.float64)
+    outputs = []
+    for planned in (layout, rows):
+        attention = build_paged_attention(pool, HEADS, "torch")
+        attention.plan(planned)
+        outputs.append(attention.forward(0, q, k, v))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="causal"):
+        PagedLayout.build([2], [2], [[1]], 4, causal=False).as_decode_rows()

@@ -62,13 +62,14 @@ def run(
     node, requests: list[TextRequest], joins: list[int] | None = None, abort_at: dict[int, int] | None = None
 ):
     """Output ids per request; request i joins before step joins[i]; abort_at {i: step} releases
-    request i before that step. Returns (outputs, pieces, steps)."""
+    request i before that step. Returns (outputs, pieces, steps); the pieces without the first
+    one's timeline (times of this run)."""
     joins = joins or [0] * len(requests)
     abort_at = abort_at or {}
     states = [RequestState(f"r{i}", params) for i, params in enumerate(requests)]
     pieces: list[list[dict]] = [[] for _ in requests]
     for index, state in enumerate(states):
-        state.emit_output = lambda key, value, index=index: pieces[index].append(value)
+        state.emit_output = lambda key, value, index=index: pieces[index].append(_without_timeline(value))
     active: list[RequestState] = []
     pending = sorted(range(len(states)), key=lambda i: joins[i])
     step = 0
@@ -89,3 +90,7 @@ def run(
         step += 1
     outputs = [list(state.tensors.get("token_ids", [])) for state in states]
     return outputs, pieces, step
+
+
+def _without_timeline(piece: dict) -> dict:
+    return {key: value for key, value in piece.items() if key != "timeline"}

@@ -54,8 +54,11 @@ class ReadCounter:
         return method
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_each_decode_step_reads_the_device_back_once(model, monkeypatch, overlap):
+@pytest.mark.parametrize("overlap, device_done", [(False, False), (True, False), (True, True)])
+def test_each_decode_step_reads_the_device_back_once(model, monkeypatch, overlap, device_done):
+    """device_done: the device has finished each step by the next forward (a host-bound step), so
+    overlap reads it back before queueing the next."""
+    monkeypatch.setattr(PendingSamples, "done", lambda pending: device_done)
     node = make_node(model, dtype=torch.float32, overlap=overlap)
     states = [RequestState(f"r{i}", request([5 + i, 9, 13, 2], max_tokens=NUM_STEPS + 4)) for i in range(3)]
     for state in states:

@@ -56,6 +56,7 @@ class PagedBackend:
 
     name: str = ""
     version: str = ""
+    max_pages: int | None = None  # page-table entries a captured wrapper holds (None: no bound)
 
     def make_wrapper(self, captured: bool, num_rows: int | None = None) -> PagedWrapper:
         raise NotImplementedError

@@ -157,6 +157,27 @@ class PagedLayout:
 
     # ---- parts -------------------------------------------------------------------------------
 
+    def as_decode_rows(self) -> PagedLayout:
+        """Every new token as a decode row of its own, over its sequence's pages up to itself: the
+        same causal attention, the same pack order, slots and positions, in the shape a decode
+        kernel (and a decode CUDA graph) runs. A row per token reads its whole context, so this
+        pays where a step has few new tokens (a prompt's tail after a prefix-cache hit)."""
+        if not self.causal:
+            raise ValueError("paged layout: only a causal layout runs as decode rows")
+        kv_lens: list[int] = []
+        page_ids: list[tuple[int, ...]] = []
+        tokens = self.page_tokens
+        for q_len, kv_len, ids in zip(self.q_lens, self.kv_lens, self.page_ids, strict=True):
+            for end in range(kv_len - q_len + 1, kv_len + 1):
+                kv_lens.append(end)
+                page_ids.append(ids[: -(-end // tokens)])
+        return PagedLayout.build([1] * len(kv_lens), kv_lens, page_ids, tokens, len(kv_lens))
+
+    @property
+    def num_page_indices(self) -> int:
+        """Entries of the page table (a page read by several segments counts once for each)."""
+        return sum(len(ids) for ids in self.page_ids)
+
     def part(self, start: int, stop: int) -> PagedLayout | None:
         """Segments start..stop-1 as a layout of their own (None when empty)."""
         if start >= stop:
