@@ -211,7 +211,9 @@ class ServerConfig(BaseModel):
         True, description="reuse the KV pages of a shared prompt prefix across requests"
     )
     max_num_seqs: int = Field(
-        128, ge=1, description="most sequences in one text-model step (also the largest decode CUDA graph)"
+        128,
+        ge=1,
+        description="most sequences in one text-model step (decode CUDA graphs: this many rows, at least 128)",
     )
     max_num_batched_tokens: int = Field(
         8192, ge=1, description="most tokens in one text-model step (decode rows, then chunked prefill)"

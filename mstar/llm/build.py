@@ -87,14 +87,15 @@ def build_llm_node(
         pool, heads, config.kv_attention_backend, flashinfer_backend=config.flashinfer_backend,
         workspace=workspace, cuda_graphs=use_graphs,
     )  # fmt: skip
-    graphs = None
-    if use_graphs and attention.backend_name == "flashinfer":
-        graphs = DecodeGraphs(model, attention, default_graph_sizes(config.max_num_seqs))
-    sampler = Sampler(geometry.vocab_size, device, effective_mode(config.compile_mode, str(device)))
-    runner = ModelRunner(model, attention, sampler, graphs)
     scheduler_config = SchedulerConfig(
         config.max_num_seqs, max(config.max_num_batched_tokens, config.max_num_seqs)
     )
+    graphs = None
+    if use_graphs and attention.backend_name == "flashinfer":
+        sizes = default_graph_sizes(config.max_num_seqs, scheduler_config.max_num_batched_tokens)
+        graphs = DecodeGraphs(model, attention, sizes)
+    sampler = Sampler(geometry.vocab_size, device, effective_mode(config.compile_mode, str(device)))
+    runner = ModelRunner(model, attention, sampler, graphs)
     scheduler = Scheduler(scheduler_config, pool.pages)
     warmup = LLMWarmup(model, attention, sampler, graphs, compiled, scheduler_config.max_num_batched_tokens)
     overlap = device.type == "cuda" if overlap is None else overlap

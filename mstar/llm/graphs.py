@@ -28,10 +28,17 @@ NUM_WARMUP_RUNS = 2
 MAX_GRAPH_PREFILL_KV_TOKENS = 1 << 18
 
 
-def default_graph_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, then every 16 up to 256, every 64 beyond: padding costs at most ~12%."""
+# Graphs hold this many rows even where fewer sequences run (max_num_seqs 1, say): a step of that
+# many new tokens (a prompt's tail after a prefix-cache hit, a short prompt) replays one too.
+MIN_GRAPH_ROWS = 128
+
+
+def default_graph_sizes(max_num_seqs: int, max_step_tokens: int | None = None) -> list[int]:
+    """1, 2, 4, 8, then every 16 up to 256, every 64 beyond (padding costs at most ~12%), up to
+    max_num_seqs, or to MIN_GRAPH_ROWS where steps can be that long (max_step_tokens)."""
+    largest = max(max_num_seqs, min(MIN_GRAPH_ROWS, max_step_tokens or max_num_seqs))
     sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(320, 4097, 64))
-    return [size for size in sizes if size < max_num_seqs] + [max_num_seqs]
+    return [size for size in sizes if size < largest] + [largest]
 
 
 class DecodeGraphs:

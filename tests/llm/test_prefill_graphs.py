@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from mstar.engine.kv.attention import PagedHeads
 from mstar.engine.kv.build import build_paged_attention
 from mstar.llm import graphs as graphs_module
-from mstar.llm.graphs import DecodeGraphs
+from mstar.llm.graphs import DecodeGraphs, default_graph_sizes
 from mstar.llm.runner import ModelRunner
 from tests.engine.attention_fakes import HOPPER
 from tests.engine.paged_fakes import FakePagedFlashInfer
@@ -123,3 +123,9 @@ def test_prefill_steps_past_the_limits_run_eagerly(model, monkeypatch):
     assert graphs.replayed == []
     run(node, [request(SYSTEM + [4, 5], max_tokens=1)])
     assert len(graphs.replayed) == 1 and graphs.replayed[0].num_page_indices == 22
+
+
+def test_graphs_hold_a_prefill_tail_even_where_few_sequences_run():
+    assert default_graph_sizes(1, 8192) == [1, 2, 4, 8, *range(16, 129, 16)]  # c=1 serving too
+    assert default_graph_sizes(1, 40)[-1] == 40  # no step is longer than 40 tokens
+    assert default_graph_sizes(300, 8192)[-2:] == [256, 300]
