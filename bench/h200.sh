@@ -65,16 +65,14 @@ fi
 
 out="${OUT:-$PWD/bench-results}/bench"
 mkdir -p "$out"
-for pack in .whl_*/site.tar.xz; do  # every wheel pack brought along (see `wheels` above)
-  [ -e "$pack" ] && { mkdir -p /tmp/site && tar xJf "$pack" -C /tmp/site || exit 1; }
-done
+source "$(dirname "$0")/lib.sh"  # unpack_wheels, guarded, ready, stop_server
+unpack_wheels || exit 1  # every wheel pack brought along (see `wheels` above)
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2> /dev/null || true
 "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 bench() { "$PYTHON" -m mstar.cli bench "$@"; }
-left_s() { echo $((deadline - SECONDS)); }
 start_budget() { deadline=$((SECONDS + ${CALL_BUDGET_S:-560})); }
 
 require() {  # require MODULE...: stop with the list of what this machine lacks
@@ -88,17 +86,6 @@ EOF
 
 attention_module() {  # the Python module ATTENTION_BACKEND needs (none for torch)
   case "${ATTENTION_BACKEND:-fa3}" in fa3) echo fa3_fwd_interface ;; flashinfer) echo flashinfer ;; esac
-}
-
-guarded() {  # guarded NAME LIMIT_S COMMAND...: within the phase's budget, output kept in $out/NAME.out
-  local name=$1 limit=$(($2 < $(left_s) ? $2 : $(left_s)))
-  shift 2
-  [ "$limit" -gt 20 ] || { echo "$name: skipped (no time left)"; return 0; }
-  timeout -k 10 "$limit" "$@" > "$out/$name.out" 2>&1
-  local status=$?
-  [ "$status" = 124 ] && echo "$name: stopped after ${limit}s (what ended before is in its JSON)"
-  [ "$status" != 0 ] && tail -5 "$out/$name.out"
-  echo "$name: exit $status at ${SECONDS}s"
 }
 
 baseline() {  # diffusers' pipelines end to end (random weights of the real configs), eager and compiled
@@ -143,19 +130,6 @@ parity() {  # parity wan|zimage: the pipeline's folder (real config, random weig
   guarded "parity-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench parity "$served" --device cuda \
     -o "$out/parity-$1.json"
 }
-
-ready() { "$PYTHON" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
-
-server_pid=""
-stop_server() {  # SIGTERM to the server's process group (it and its workers), then SIGKILL
-  [ -n "$server_pid" ] || return 0
-  kill -TERM -- "-$server_pid" 2> /dev/null
-  for _ in $(seq 1 20); do kill -0 "$server_pid" 2> /dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$server_pid" 2> /dev/null
-  wait "$server_pid" 2> /dev/null
-  server_pid=""
-}
-trap stop_server EXIT
 
 serve() {  # serve wan|zimage: our server with random weights, one size compiled, then the suite
   local name=$1 served workload compile_size suite_args

@@ -25,9 +25,8 @@ case "$model" in
 esac
 out="${OUT:-$PWD/bench-results}/compare"
 mkdir -p "$out" /tmp/site /tmp/base
-for pack in .whl_*/site.tar.xz; do  # the GPU machine's wheels (Python 3.12)
-  [ "$model" != tiny ] && [ -e "$pack" ] && { tar xJf "$pack" -C /tmp/site || exit 1; }
-done
+source "$(dirname "$0")/lib.sh"  # unpack_wheels, guarded, ready, stop_server
+if [ "$model" != tiny ]; then unpack_wheels || exit 1; fi  # the GPU machine's wheels
 [ -e .whl_base/tree.tar.xz ] || { echo "bring .whl_base/tree.tar.xz (see the header)" >&2; exit 2; }
 tar xJf .whl_base/tree.tar.xz -C /tmp/base || exit 1
 here=$PWD
@@ -48,19 +47,6 @@ our_step() {  # our_step LABEL DIR
     --num-warmup 3 --num-timed 10 -o "$out/$model-step-$1.json" > "$out/$model-step-$1.out" 2>&1
   echo "step $1: exit $?"
 }
-
-ready() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
-
-server_pid=""
-stop_server() {  # SIGTERM to the server's process group, then SIGKILL
-  [ -n "$server_pid" ] || return 0
-  kill -TERM -- "-$server_pid" 2> /dev/null
-  for _ in $(seq 1 20); do kill -0 "$server_pid" 2> /dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$server_pid" 2> /dev/null
-  wait "$server_pid" 2> /dev/null
-  server_pid=""
-}
-trap stop_server EXIT
 
 client() {  # client NAME [bench serve FLAG...]: this tree's load client against the running server
   local what=(--workload "$workload")

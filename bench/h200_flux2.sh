@@ -33,40 +33,13 @@ case "$mode" in
 esac
 out="${OUT:-$PWD/bench-results}/flux2"
 mkdir -p "$out"
+source "$(dirname "$0")/lib.sh"  # unpack_wheels, guarded, ready, stop_server
 if [ "$mode" = gpu ]; then
-  for pack in .whl_*/site.tar.xz; do  # the GPU machine's wheels (Python 3.12): server, diffusers, fa3
-    [ -e "$pack" ] && { mkdir -p /tmp/site && tar xJf "$pack" -C /tmp/site || exit 1; }
-  done
+  unpack_wheels || exit 1  # the GPU machine's wheels: server, diffusers, fa3
   nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 deadline=$((SECONDS + ${CALL_BUDGET_S:-560}))
-left_s() { echo $((deadline - SECONDS)); }
-
-guarded() {  # guarded NAME LIMIT_S COMMAND...: within the budget left, output kept in $out/NAME.out
-  local name=$1 limit=$(($2 < $(left_s) ? $2 : $(left_s)))
-  shift 2
-  [ "$limit" -gt 20 ] || { echo "$name: skipped (no time left)"; return 0; }
-  timeout -k 10 "$limit" "$@" > "$out/$name.out" 2>&1
-  local status=$?
-  [ "$status" = 124 ] && echo "$name: stopped after ${limit}s (what ended before is in its JSON)"
-  [ "$status" != 0 ] && tail -5 "$out/$name.out"
-  echo "$name: exit $status at ${SECONDS}s"
-}
-
-ready() { "$PYTHON" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$1" 2> /dev/null; }
-
-server_pid=""
-stop_server() {  # SIGTERM to the server's process group (it and its workers), then SIGKILL
-  [ -n "$server_pid" ] || return 0
-  kill -TERM -- "-$server_pid" 2> /dev/null
-  for _ in $(seq 1 20); do kill -0 "$server_pid" 2> /dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$server_pid" 2> /dev/null
-  wait "$server_pid" 2> /dev/null
-  server_pid=""
-}
-trap stop_server EXIT
-
 serve() {  # our server: the first t2i request and the first edit, each against its steady latency
   local log="$out/server.log" started=$SECONDS
   setsid "$PYTHON" -m mstar.cli serve "$served" "${server_flags[@]}" --port 8765 --compile-sizes "$size" \

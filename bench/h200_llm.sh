@@ -19,9 +19,8 @@ set -uo pipefail
 phase="${1:?usage: bash bench/h200_llm.sh llm-test|llm-0.6b|llm-8b}"
 out="${OUT:-$PWD/bench-results}/bench"
 mkdir -p "$out"
-for pack in .whl_*/site.tar.xz; do  # every wheel pack brought along
-  [ -e "$pack" ] && { mkdir -p /tmp/site && tar xJf "$pack" -C /tmp/site || exit 1; }
-done
+source "$(dirname "$0")/lib.sh"  # unpack_wheels, guarded, ready, stop_server
+unpack_wheels || exit 1
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 export FLASHINFER_WORKSPACE_BASE=/tmp/mstar-cache/flashinfer
