@@ -179,7 +179,7 @@ gpu_tests() {  # gpu_tests cosmos3|cosmos3-folder: the model's gpu-marked tests,
 }
 
 serve() {  # serve wan|zimage: our server with random weights, one size compiled, then the suite
-  local name=$1 served workload compile_size suite_args after_suite=() after_s=0
+  local name=$1 served workload compile_size suite_args after_suite=() after_s=0 suite_name=""
   local device_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKEND:-fa3}")
   case "$name" in
     tiny)  # a CPU check of this phase's plumbing with the embedded model
@@ -209,7 +209,9 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
     cosmos3-mixed)  # a fresh server: the two orientations interleaved at c=4 first, then c=2 (after)
       served=cosmos3-edge workload=cosmos3-480p-t2v compile_size=832x480x121,480x832x121
       after_suite=(--concurrency 2 --num-requests 4) after_s=75
-      suite_args=(--sizes 832x480,480x832 --num-steady 0 --high-concurrency 4 --num-high 0 --num-mixed 8) ;;
+      suite_name=cosmos3-480p-mixed  # its own name (results pick the steady figures by workload)
+      suite_args=(--kind video --steps 20 --guidance-scale 6.0 --extra-body '{"num_frames": 121}'
+        --sizes 832x480,480x832 --num-steady 0 --high-concurrency 4 --num-high 0 --num-mixed 8) ;;
     cosmos3-720p)
       served=cosmos3-edge workload=cosmos3-720p-t2v compile_size=1280x704x121
       suite_args=(--num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 0) ;;
@@ -231,7 +233,7 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
   local boot_s=$((SECONDS - started))
   echo "serve $name: ready after ${boot_s}s"
   guarded "suite-$name" $(($(left_s) - 15 - after_s)) "$PYTHON" -m mstar.cli bench serve-suite \
-    --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" --boot-s "$boot_s" \
+    --base-url http://127.0.0.1:8765 --workload "${suite_name:-$workload}" --model "$served" --boot-s "$boot_s" \
     --max-duration $(($(left_s) - 30 - after_s)) "${suite_args[@]}" -o "$out/suite-$name.json"
   if [ ${#after_suite[@]} -gt 0 ]; then  # a closed loop on the warm server (another concurrency)
     guarded "serve-$name" $(($(left_s) - 15)) "$PYTHON" -m mstar.cli bench serve \
