@@ -24,7 +24,7 @@ from mstar.engine.kv.attention import PagedHeads
 from mstar.engine.kv.build import build_paged_attention, use_flashinfer_cache
 from mstar.engine.kv.pool import GIB, KVGeometry, build_kv_pool
 from mstar.graph import BuildContext
-from mstar.llm.graphs import DecodeGraphs, default_graph_sizes
+from mstar.llm.graphs import DecodeGraphs, default_graph_sizes, graph_page_indices
 from mstar.llm.node import LLMNode
 from mstar.llm.runner import ModelRunner
 from mstar.llm.sampling import Sampler
@@ -83,17 +83,18 @@ def build_llm_node(
         geometry.head_dim**-0.5,
     )  # fmt: skip
     use_graphs = config.cuda_graphs and device.type == "cuda"
-    attention = build_paged_attention(
-        pool, heads, config.kv_attention_backend, flashinfer_backend=config.flashinfer_backend,
-        workspace=workspace, cuda_graphs=use_graphs,
-    )  # fmt: skip
     scheduler_config = SchedulerConfig(
         config.max_num_seqs, max(config.max_num_batched_tokens, config.max_num_seqs)
     )
+    graph_sizes = default_graph_sizes(config.max_num_seqs, scheduler_config.max_num_batched_tokens)
+    attention = build_paged_attention(
+        pool, heads, config.kv_attention_backend, flashinfer_backend=config.flashinfer_backend,
+        workspace=workspace, cuda_graphs=use_graphs,
+        max_graph_page_indices=graph_page_indices(pool.num_pages, config.kv_page_tokens, graph_sizes[-1]),
+    )  # fmt: skip
     graphs = None
     if use_graphs and attention.backend_name == "flashinfer":
-        sizes = default_graph_sizes(config.max_num_seqs, scheduler_config.max_num_batched_tokens)
-        graphs = DecodeGraphs(model, attention, sizes)
+        graphs = DecodeGraphs(model, attention, graph_sizes)
     sampler = Sampler(geometry.vocab_size, device, effective_mode(config.compile_mode, str(device)))
     runner = ModelRunner(model, attention, sampler, graphs)
     scheduler = Scheduler(scheduler_config, pool.pages)

@@ -33,6 +33,14 @@ MAX_GRAPH_PREFILL_KV_TOKENS = 1 << 18
 MIN_GRAPH_ROWS = 128
 
 
+def graph_page_indices(num_pool_pages: int, page_tokens: int, max_rows: int) -> int:
+    """Page-table entries a captured step can need: its decode rows' pages (at most one per pool
+    page), the prefill rows' repeated prefix pages (bounded by MAX_GRAPH_PREFILL_KV_TOKENS; a page
+    may be partly used at both ends of a row) and a scratch page per padding row."""
+    prefill_pages = MAX_GRAPH_PREFILL_KV_TOKENS // page_tokens + 2 * max_rows
+    return num_pool_pages + 1 + prefill_pages + max_rows
+
+
 def default_graph_sizes(max_num_seqs: int, max_step_tokens: int | None = None) -> list[int]:
     """1, 2, 4, 8, then every 16 up to 256, every 64 beyond (padding costs at most ~12%), up to
     max_num_seqs, or to MIN_GRAPH_ROWS where steps can be that long (max_step_tokens)."""

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from mstar.engine.kv.attention import PagedHeads
 from mstar.engine.kv.build import build_paged_attention
 from mstar.llm import graphs as graphs_module
-from mstar.llm.graphs import DecodeGraphs, default_graph_sizes
+from mstar.llm.graphs import DecodeGraphs, default_graph_sizes, graph_page_indices
 from mstar.llm.runner import ModelRunner
 from tests.engine.attention_fakes import HOPPER
 from tests.engine.paged_fakes import FakePagedFlashInfer
@@ -63,6 +63,7 @@ def graph_node(model, overlap=False, **server_fields):
                        pool.page_tokens, TINY.head_dim**-0.5)  # fmt: skip
     attention = build_paged_attention(
         pool, heads, "flashinfer", workspace=torch.zeros(1024, dtype=torch.uint8), cuda_graphs=True,
+        max_graph_page_indices=graph_page_indices(pool.num_pages, pool.page_tokens, SIZES[-1]),
         libraries={"flashinfer": FakePagedFlashInfer()}, platform=HOPPER,
     )  # fmt: skip
     graphs = EagerDecodeGraphs(model, attention, SIZES)
@@ -129,3 +130,14 @@ def test_graphs_hold_a_prefill_tail_even_where_few_sequences_run():
     assert default_graph_sizes(1, 8192) == [1, 2, 4, 8, *range(16, 129, 16)]  # c=1 serving too
     assert default_graph_sizes(1, 40)[-1] == 40  # no step is longer than 40 tokens
     assert default_graph_sizes(300, 8192)[-2:] == [256, 300]
+
+
+def test_a_small_pool_still_replays_a_prefix_hit_tail(model):
+    """The tail's rows each read the whole shared prefix, so its page table repeats the prefix's
+    pages once a row: more entries than the pool has pages (a c=1 server's pool is sized for one
+    context). The captured wrapper's table is sized for that, so the hit is still one replay."""
+    node, graphs = graph_node(model, context_length=64, kv_pool_pages=20)
+    run(node, [request(SYSTEM + [1], max_tokens=1)])
+    run(node, [request(SYSTEM + [60, 61, 62, 63, 64], max_tokens=1)])
+    (replayed,) = graphs.replayed
+    assert replayed.num_page_indices > node.runner.attention.pool.num_pages + 1  # 5 rows of 11 pages

@@ -47,16 +47,22 @@ def build_paged_attention(
     flashinfer_backend: str = "auto",
     workspace: torch.Tensor | None = None,
     cuda_graphs: bool = False,
+    max_graph_page_indices: int = 0,
     libraries: Mapping[str, Any] | None = None,
     platform: Platform | None = None,
 ) -> PagedAttention:
-    """The attention resource over `pool`, checked against the reference before it is returned."""
+    """The attention resource over `pool`, checked against the reference before it is returned.
+    `max_graph_page_indices`: page-table entries a captured step may need beyond one per pool page
+    (rows that repeat a shared prefix's pages: a prompt's tail replayed as decode rows)."""
     platform = platform or detect_platform(pool.device)
     libs = Libraries(libraries)
     candidates = paged_candidates(backend, platform, libs)
     for index, name in enumerate(candidates):
         try:
-            kernels = _make_backend(name, platform, libs, heads, flashinfer_backend, workspace, pool)
+            kernels = _make_backend(
+                name, platform, libs, heads, flashinfer_backend, workspace,
+                max(pool.num_pages + 1, max_graph_page_indices),
+            )  # fmt: skip
             check_paged_backend(kernels, heads, platform, graphs=cuda_graphs and name == "flashinfer")
         except ValueError as error:
             if backend != "auto" or index == len(candidates) - 1:
@@ -105,7 +111,7 @@ def _make_backend(
     heads: PagedHeads,
     flashinfer_backend: str,
     workspace: torch.Tensor | None,
-    pool: KVPool,
+    max_pages: int,
 ) -> PagedBackend:
     if name == "flashinfer":
         from mstar.engine.kv.backends.flashinfer_paged import FlashInferPagedBackend
@@ -114,7 +120,7 @@ def _make_backend(
         workspace = workspace if workspace is not None else shared_workspace(platform.device, 256)
         return FlashInferPagedBackend(
             platform.device, heads, libs.module("flashinfer"), libs.version("flashinfer"),
-            flashinfer_backend, workspace, max_pages=pool.num_pages + 1,
+            flashinfer_backend, workspace, max_pages=max_pages,
         )  # fmt: skip
     if name == "fa3":
         from mstar.engine.kv.backends.fa3_paged import FA3PagedBackend
