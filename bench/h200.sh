@@ -13,7 +13,14 @@
 #   bash bench/h200.sh all                    every phase above for wan and zimage, one after another
 #   bash bench/h200_flux2.sh                  FLUX.2 in one call: first t2i and first edit against
 #                                             steady, c=1 against diffusers eager, step against compiled
-# MODEL: wan, zimage, flux2, ltx2, cosmos3 (parity: its t2v); times above are wan / zimage
+# MODEL: wan, zimage, flux2, ltx2, cosmos3 (parity: its t2v); times above are wan / zimage.
+# LTX-2 at its pipeline's default 768x512x121 and at 1280x704x121, each row one call:
+#   step ltx2 | step ltx2-704p                       the guided step (cond, uncond, isolated passes)
+#   serve ltx2                                       first against steady, c=1 p50, c=2, a new size
+#   serve ltx2-c4                                    first against steady, c=4 (one wave of 4)
+#   serve ltx2-704p | ltx2-704p-c2                   1280x704: first against steady, c=1 p50 | c=2
+#   serve ltx2-704p-c4                               1280x704, c=4: one wave of 4 (`bench serve`: no
+#                                                    cold request first, which would not leave room)
 # then, where the results came back:
 #   mstar bench report bench-results/bench    (rewrites docs/benchmarks.md's tables from the JSON)
 #
@@ -106,8 +113,9 @@ step() {  # step wan|zimage: our DiT (deterministic) against diffusers' eager an
     zimage) workloads=zimage-1024-b1 ;;
     flux2) workloads=flux2-1024-b1 ;;
     ltx2) workloads=ltx2-512p-guided ;;
+    ltx2-704p) workloads=ltx2-704p-guided ;;
     cosmos3) workloads=cosmos3-480p-cfg ;;
-    *) echo "step: wan, zimage, flux2, ltx2 or cosmos3" >&2; return 2 ;;
+    *) echo "step: wan, zimage, flux2, ltx2, ltx2-704p or cosmos3" >&2; return 2 ;;
   esac
   start_budget
   guarded "step-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench step --workloads "$workloads" \
@@ -132,7 +140,7 @@ parity() {  # parity wan|zimage: the pipeline's folder (real config, random weig
 }
 
 serve() {  # serve wan|zimage: our server with random weights, one size compiled, then the suite
-  local name=$1 served workload compile_size suite_args
+  local name=$1 served workload compile_size suite_args closed_loop=()
   local device_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKEND:-fa3}")
   case "$name" in
     tiny)  # a CPU check of this phase's plumbing with the embedded model
@@ -155,11 +163,22 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
       served=ltx-2 workload=ltx2-512p-t2v compile_size=768x512x121
       suite_args=(--num-steady 2 --high-concurrency 2 --num-high 4 --num-mixed 0 --new-size 512x768
         --new-size-settle 60) ;;
+    ltx2-c4)
+      served=ltx-2 workload=ltx2-512p-t2v compile_size=768x512x121
+      suite_args=(--num-steady 1 --high-concurrency 4 --num-high 4 --num-mixed 0) ;;
+    ltx2-704p | ltx2-704p-c2)  # about 1.5 min a video by its FLOPs: c=1 and c=2 take a call each
+      served=ltx-2 workload=ltx2-704p-t2v compile_size=1280x704x121
+      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 0)
+      [ "$name" = ltx2-704p-c2 ] && suite_args=(--num-steady 0 --high-concurrency 2 --num-high 2 --num-mixed 0) ;;
+    ltx2-704p-c4)
+      served=ltx-2 workload=ltx2-704p-t2v compile_size=1280x704x121
+      closed_loop=(--concurrency 4 --num-requests 4 --num-warmup 0) ;;
     cosmos3)
       served=cosmos3-edge workload=cosmos3-480p-t2v compile_size=832x480x121
       suite_args=(--num-steady 2 --high-concurrency 2 --num-high 4 --num-mixed 0 --new-size 480x832
         --new-size-settle 60) ;;
-    *) echo "serve: wan, zimage, flux2, ltx2, cosmos3 (or tiny, on the CPU)" >&2; return 2 ;;
+    *) echo "serve: wan, zimage, flux2, ltx2[-c4], ltx2-704p[-c2|-c4], cosmos3 (or tiny, on the CPU)" >&2
+      return 2 ;;
   esac
   if [ "$name" = tiny ]; then require fastapi uvicorn msgspec zmq; else require fastapi uvicorn msgspec zmq av $(attention_module); fi
   start_budget
@@ -176,9 +195,15 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
   done
   local boot_s=$((SECONDS - started))
   echo "serve $name: ready after ${boot_s}s"
-  guarded "suite-$name" $(($(left_s) - 15)) "$PYTHON" -m mstar.cli bench serve-suite \
-    --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" --boot-s "$boot_s" \
-    --max-duration $(($(left_s) - 30)) "${suite_args[@]}" -o "$out/suite-$name.json"
+  if [ ${#closed_loop[@]} -gt 0 ]; then  # closed-loop runs only, no suite
+    guarded "serve-$name" $(($(left_s) - 15)) "$PYTHON" -m mstar.cli bench serve \
+      --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" "${closed_loop[@]}" \
+      -o "$out/serve-$name.json"
+  else
+    guarded "suite-$name" $(($(left_s) - 15)) "$PYTHON" -m mstar.cli bench serve-suite \
+      --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" --boot-s "$boot_s" \
+      --max-duration $(($(left_s) - 30)) "${suite_args[@]}" -o "$out/suite-$name.json"
+  fi
   echo "recompile warnings in the server log: $(grep -c 'recompiled in traffic' "$log")"
   grep -h "swapped in\|stays eager" "$log" | tail -4
   stop_server
