@@ -8,6 +8,7 @@ from torch import nn
 
 from mstar.engine.compile import CompiledFunction
 from mstar.engine.lora.linear import LoraRows, grouped_lora_delta, reference_lora_delta
+from mstar.engine.lora.paths import PATHS
 from mstar.engine.lora.weights import ModuleLora
 from mstar.engine.lora.wrap import LoraLayers, linear_targets
 
@@ -15,10 +16,10 @@ pytestmark = pytest.mark.gpu
 DIM, RANK, NUM_SLOTS = 3072, 32, 4
 
 
-def _layers():
+def _layers(path=None):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(DIM, 3 * DIM), nn.Linear(3 * DIM, DIM)).cuda().to(torch.bfloat16)
-    layers = LoraLayers(model, linear_targets(model), num_slots=NUM_SLOTS, max_rank=RANK)
+    layers = LoraLayers(model, linear_targets(model), num_slots=NUM_SLOTS, max_rank=RANK, path=path)
     for slot in range(1, NUM_SLOTS + 1):
         adapter = {
             name: ModuleLora(torch.randn(RANK, m.in_features) / 30, torch.randn(m.out_features, RANK) / 30)
@@ -43,8 +44,33 @@ def test_grouped_path_matches_reference_in_bf16():
     assert grouped[8192:9692].abs().max().item() == 0.0  # the segment without adapters
 
 
-def test_compiled_stack_does_not_recompile_for_new_adapters():
-    model, layers = _layers()
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_matches_the_reference_in_bf16_compiled(path):
+    """Each path, compiled, against base + reference delta computed in float32 (>= 40 dB)."""
+    model, layers = _layers(path)
+    lengths = [4096, 1500, 2600, 3000]
+    rows = LoraRows.build(
+        lengths, [[(1, 1.0)], [], [(2, 0.5), (3, 0.8)], [(4, -1.0)]], "cuda", torch.bfloat16
+    )
+    layers.context.set("tokens", rows)
+    layer = model[0]
+    x = torch.randn(sum(lengths), DIM, device="cuda", dtype=torch.bfloat16)
+    compiled = CompiledFunction(layer, "deterministic", f"lora-gpu-{path}", duck_shapes=False)
+    with torch.inference_mode():
+        got = compiled(x).float()
+        a, bs = layer.lora_a.float(), [b.float() for b in layer.lora_b()]
+        rows32 = LoraRows.build(
+            lengths, [[(1, 1.0)], [], [(2, 0.5), (3, 0.8)], [(4, -1.0)]], "cuda", torch.float32
+        )
+        expected = x.float() @ layer.weight.float().T + layer.bias.float()
+        expected += reference_lora_delta(x.float(), a, bs, rows32)
+    error = (got - expected).pow(2).mean() / expected.pow(2).mean()
+    assert error.item() < 1e-4  # >= 40 dB
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compiled_stack_does_not_recompile_for_new_adapters(path):
+    model, layers = _layers(path)
     compiled = CompiledFunction(model, "deterministic", "lora-gpu", duck_shapes=False)
 
     def step(lengths, choices):

@@ -13,9 +13,10 @@ DiT forward and read by every wrapped layer (as attention plans are): `LoraRows`
 pack lengths are dynamic dimensions: one graph serves every step with adapters (one more for steps
 with none, which run the base layer alone).
 
-Paths: `torch._grouped_mm` over the segments (the CUDA grouped GEMM in bf16 on Hopper; a loop of
-matmuls on the CPU) gathers each segment's A and B by slot; `reference_lora_delta` is the plain
-per-segment definition. Compiled float32 (which `_grouped_mm` does not trace) takes the reference.
+How a layer adds the update is its `lora_path` (paths.py: "epilogue", "concat", or "grouped",
+this file's `torch._grouped_mm` shrink and per-slice expands, the CUDA grouped GEMM in bf16 on
+Hopper, a loop of matmuls on the CPU); `reference_lora_delta` is the plain per-segment definition.
+Compiled float32 (which `_grouped_mm` does not trace) takes a loop over the segments.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.engine.lora.paths import PATHS, concat_linear, epilogue_linear, grouped_mm_takes
 from mstar.engine.transfer import to_device
 
 MIN_SEGMENTS = 2  # torch.compile specialises a dimension of size 1; pad with an empty segment
@@ -36,13 +38,18 @@ MIN_SEGMENTS = 2  # torch.compile specialises a dimension of size 1; pad with an
 class LoraRows:
     """Which adapters each segment of one packed row layout applies.
 
-    ends: int32 [S], each segment's end row (cumulative; None: one segment over every row).
+    ends: int32 [S], each segment's end row (cumulative, the last one every row of the layout;
+    None: one segment over every row).
     slots: int64 [S, K], slot ids (0: the zero slot, for padding). scales: [S, K] (0 for padding).
+    step_slots: int64 [n], the step's distinct slots (at least MIN_SEGMENTS, padded with 0).
+    mix: [S, K, n], scales[s, k] where step_slots[b] is slots[s, k], else 0 (the concat path).
     """
 
     ends: torch.Tensor | None
     slots: torch.Tensor
     scales: torch.Tensor
+    step_slots: torch.Tensor
+    mix: torch.Tensor
 
     @classmethod
     def build(
@@ -82,10 +89,21 @@ class LoraRows:
         scales = [[float(scale) for _, scale in p] + [0.0] * (width - len(p)) for p in pairs]
         if any(slot < 0 for row in slots for slot in row):
             raise ValueError("slot ids are >= 0 (0 is the zero slot)")
+        step = sorted({slot for row in slots for slot in row if slot})
+        step += [0] * (MIN_SEGMENTS - len(step))  # a dimension of size 1 would be specialised
+        mix = [
+            [
+                [scale if slot and slot == other else 0.0 for other in step]
+                for slot, scale in zip(row, row_scales, strict=True)
+            ]
+            for row, row_scales in zip(slots, scales, strict=True)
+        ]
         return cls(
             ends=None if ends is None else to_device(torch.tensor(ends, dtype=torch.int32), device),
             slots=to_device(torch.tensor(slots, dtype=torch.int64), device),
             scales=to_device(torch.tensor(scales, dtype=dtype), device),
+            step_slots=to_device(torch.tensor(step, dtype=torch.int64), device),
+            mix=to_device(torch.tensor(mix, dtype=dtype), device),
         )
 
 
@@ -116,14 +134,18 @@ class SegmentedLoraLinear(nn.Linear):
         max_rank: int,
         context: LoraContext,
         layout: str,
+        path: str = "epilogue",
     ):
         if sum(slice_features) != base.out_features:
             raise ValueError(f"slices {list(slice_features)} do not add up to {base.out_features} outputs")
         super().__init__(base.in_features, base.out_features, bias=base.bias is not None, device="meta")
         self.weight = base.weight
         self.bias = base.bias
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got '{path}'")
         self.lora_context = context
         self.lora_layout = layout
+        self.lora_path = path  # static: which path a compiled graph takes never changes
         device, dtype = base.weight.device, base.weight.dtype
         shape = (num_slots, base.in_features, len(slice_features), max_rank)
         self.register_buffer("lora_a", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
@@ -136,13 +158,16 @@ class SegmentedLoraLinear(nn.Linear):
         return [getattr(self, f"lora_b{index}") for index in range(self.num_slices)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
         rows = self.lora_context.layouts.get(self.lora_layout)
         if rows is None:
-            return y
+            return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, self.in_features)
-        delta = lora_delta(flat, self.lora_a, self.lora_b(), rows)
-        return y + delta.view(y.shape)
+        if self.lora_path == "grouped":
+            y = F.linear(flat, self.weight, self.bias) + lora_delta(flat, self.lora_a, self.lora_b(), rows)
+        else:
+            path = epilogue_linear if self.lora_path == "epilogue" else concat_linear
+            y = path(flat, self.weight, self.bias, self.lora_a, self.lora_b(), rows)
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 def lora_delta(x: torch.Tensor, a: torch.Tensor, bs: list[torch.Tensor], rows: LoraRows) -> torch.Tensor:
@@ -153,14 +178,7 @@ def lora_delta(x: torch.Tensor, a: torch.Tensor, bs: list[torch.Tensor], rows: L
 
 
 def _grouped_mm_takes(x: torch.Tensor, a: torch.Tensor, bs: list[torch.Tensor]) -> bool:
-    """Whether torch._grouped_mm runs these shapes (all static: the choice never recompiles): its
-    rows must be 16-byte aligned, and torch.compile traces it in bf16 only."""
-    if not hasattr(torch, "_grouped_mm"):
-        return False
-    if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
-        return False
-    widths = [x.shape[-1], a.shape[-1], *(b.shape[-1] for b in bs)]
-    return all(width * x.element_size() % 16 == 0 for width in widths)
+    return grouped_mm_takes(x, a, *bs)
 
 
 def grouped_lora_delta(
@@ -189,7 +207,7 @@ def reference_lora_delta(
 ) -> torch.Tensor:
     """The definition, one segment and adapter at a time (reads the rows on the host)."""
     ends = [x.shape[0]] if rows.ends is None else rows.ends.tolist()
-    slots, scales = rows.slots.tolist(), rows.scales.float().tolist()
+    slots, scales = rows.slots.tolist(), rows.scales.double().tolist()
     out = x.new_zeros(x.shape[0], sum(b.shape[-1] for b in bs))
     start = 0
     for segment, end in enumerate(ends):

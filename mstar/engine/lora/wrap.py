@@ -4,6 +4,7 @@ The family says which of its modules take LoRA (`LoraTarget`s): each names a Lin
 and the diffusers modules whose adapter weights feed its output slices, in order (a fused to_qkv
 has three), with the output-row order the fusion gave each slice (queries and keys stored in
 rotary halves order). Wrap after the model is loaded, moved and fused, and before it is compiled.
+Each wrapped Linear takes the path (paths.py) the rule picks for its shape, unless one is given.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 
 from mstar.adapters import AdapterFileError
 from mstar.engine.lora.linear import LoraContext, SegmentedLoraLinear
+from mstar.engine.lora.paths import choose_path
 from mstar.engine.lora.weights import ModuleLora
 
 
@@ -31,11 +33,14 @@ class LoraSlice:
 
 @dataclass(frozen=True)
 class LoraTarget:
-    """A Linear of our model (its path), its slices, and the row layout its input follows."""
+    """A Linear of our model (its path), its slices, and the row layout its input follows;
+    many_rows: the layout holds a step's packed tokens (thousands of rows), where a per-step cost
+    (the concat path's weight copy) is paid off."""
 
     module: str
     slices: tuple[LoraSlice, ...]
     layout: str = "tokens"
+    many_rows: bool = False
 
 
 def linear_targets(
@@ -61,6 +66,7 @@ class LoraLayers:
         num_slots: int,
         max_rank: int,
         context: LoraContext | None = None,
+        path: str | None = None,
     ):
         if num_slots < 1 or max_rank < 1:
             raise ValueError(f"num_slots and max_rank must be >= 1, got {num_slots}, {max_rank}")
@@ -68,6 +74,7 @@ class LoraLayers:
         self.num_slots = num_slots
         self.max_rank = max_rank
         self.targets = list(targets)
+        self.path = path  # None: choose_path per Linear
         self.layers: list[SegmentedLoraLinear] = []
         self.sources: dict[str, tuple[int, int]] = {}  # diffusers module -> (layer, slice)
         for index, target in enumerate(self.targets):
@@ -84,8 +91,16 @@ class LoraLayers:
         if isinstance(base, SegmentedLoraLinear) or not isinstance(base, nn.Linear):
             raise ValueError(f"'{target.module}' is not a plain Linear (wrapped already?)")
         features = [piece.out_features for piece in target.slices]
+        path = self.path or choose_path(
+            base.in_features,
+            base.out_features,
+            len(features),
+            self.num_slots,
+            self.max_rank,
+            target.many_rows,
+        )
         layer = SegmentedLoraLinear(
-            base, features, self.num_slots + 1, self.max_rank, self.context, target.layout
+            base, features, self.num_slots + 1, self.max_rank, self.context, target.layout, path
         )
         setattr(parent, child, layer)
         return layer

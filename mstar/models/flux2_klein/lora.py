@@ -18,6 +18,7 @@ updates them is refused when loaded, naming the module.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -25,6 +26,9 @@ from torch import nn
 from mstar.engine.lora.wrap import LoraSlice, LoraTarget
 from mstar.models.flux2_klein.optimize import FusedParallelSelfAttention
 from mstar.models.rotary import halves_order
+
+# layouts of a step's packed tokens (thousands of rows): a per-step cost there is paid off
+MANY_ROW_LAYOUTS = ("image", "joint", "output")
 
 
 def _one(name: str, linear: nn.Linear, layout: str) -> LoraTarget:
@@ -45,7 +49,7 @@ def flux2_lora_targets(dit: nn.Module) -> list[LoraTarget]:
     for index, block in enumerate(dit.single_transformer_blocks):
         targets += _parallel_attention(f"single_transformer_blocks.{index}.attn", block.attn)
     targets.append(_one("proj_out", dit.proj_out, "output"))
-    return targets
+    return [replace(t, many_rows=t.layout in MANY_ROW_LAYOUTS) for t in targets]
 
 
 def _joint_attention(prefix: str, attention: nn.Module) -> list[LoraTarget]:

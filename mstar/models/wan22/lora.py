@@ -11,10 +11,15 @@ refused when loaded, naming the module.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from mstar.engine.lora.wrap import LoraSlice, LoraTarget
 from mstar.models.rotary import halves_order
+
+# layouts of a step's packed tokens (thousands of rows): a per-step cost there is paid off
+MANY_ROW_LAYOUTS = ("tokens",)
 
 
 def _one(name: str, linear: nn.Linear, layout: str) -> LoraTarget:
@@ -34,7 +39,7 @@ def wan_lora_targets(dit: nn.Module) -> list[LoraTarget]:
         targets.append(_one(f"{prefix}.ffn.net.0.proj", block.ffn.net[0].proj, "tokens"))
         targets.append(_one(f"{prefix}.ffn.net.2", block.ffn.net[2], "tokens"))
     targets.append(_one("proj_out", dit.proj_out, "tokens"))
-    return targets
+    return [replace(t, many_rows=t.layout in MANY_ROW_LAYOUTS) for t in targets]
 
 
 def _self_attention(prefix: str, attention: nn.Module) -> list[LoraTarget]:

@@ -17,6 +17,7 @@ in the halves order the fusion stored them in.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from torch import nn
 
@@ -25,6 +26,10 @@ from mstar.engine.lora.wrap import LoraSlice, LoraTarget
 from mstar.models.rotary import halves_order
 
 CAPTION = "caption"
+
+
+# layouts of a step's packed tokens (thousands of rows): a per-step cost there is paid off
+MANY_ROW_LAYOUTS = ("tokens", "image")
 
 
 def _one(name: str, linear: nn.Linear, layout: str) -> LoraTarget:
@@ -42,7 +47,7 @@ def zimage_lora_targets(dit: nn.Module) -> list[LoraTarget]:
     for key, final in dit.all_final_layer.items():
         targets.append(_one(f"all_final_layer.{key}.linear", final.linear, "tokens"))
         targets.append(_one(f"all_final_layer.{key}.adaLN_modulation.1", final.adaLN_modulation[1], "items"))
-    return targets
+    return [replace(t, many_rows=t.layout in MANY_ROW_LAYOUTS) for t in targets]
 
 
 def _block(prefix: str, block: nn.Module, layout: str) -> list[LoraTarget]:
