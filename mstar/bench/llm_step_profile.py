@@ -171,10 +171,21 @@ def device_busy_ms(node: Any, states: list[Any], num_steps: int) -> dict[str, An
             node.forward(states)
         _synchronize()
     events = prof.key_averages()
-    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
+    kernel_us = sum(e.self_device_time_total for e in kernels)
     top_host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:25]
+    top_kernels = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:25]
     return {
         "device_busy_ms_per_step": kernel_us / 1000 / num_steps,
+        # where a step's device time goes (a kernel inside a replayed graph counts as itself)
+        "top_device_kernels": [
+            {
+                "name": e.key[:120],
+                "count_per_step": e.count / num_steps,
+                "us_per_step": e.self_device_time_total / num_steps,
+            }
+            for e in top_kernels
+        ],
         "top_host_ops": [
             {
                 "name": e.key[:90],
@@ -257,11 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     for num_rows in rows:
         for sampled in (False, True):
             result = profile_rows(node, config.vocab_size, num_rows, sampled, args.num_steps)
-            print(json.dumps({k: v for k, v in result.items() if k != "top_host_ops"}, indent=1), flush=True)
+            shown = {k: v for k, v in result.items() if k not in ("top_host_ops", "top_device_kernels")}
+            print(json.dumps(shown, indent=1), flush=True)
             print(
                 "  top host ops:",
                 [(o["name"], round(o["self_cpu_ms_per_step"], 3)) for o in result["top_host_ops"][:12]],
             )
+            for kernel in result["top_device_kernels"][:15]:
+                print(
+                    f"  device {kernel['us_per_step']:8.1f} us x{kernel['count_per_step']:.0f}  {kernel['name']}"
+                )
             results.append(result)
     summary = {"model": args.model, "compile_mode": args.compile_mode, "prefill_ms": prefills}
     summary["recompiles_after_warmup"] = node.num_recompiles()

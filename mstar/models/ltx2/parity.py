@@ -3,9 +3,11 @@ LTX2Pipeline (t2v) / LTX2ImageToVideoPipeline (i2v) written with random weights 
 loaded back and run beside our nodes by mstar.bench.parity; `diffusers_components` builds the same
 pipeline in memory without a text encoder for the end-to-end baseline.
 
-At full size the folder's text encoder is the tiny Gemma 3 (TINY's): the 12B one's random weights
-would add 24 GB to a folder that already holds the 19B DiT's 38 GB; the DiT, connectors, VAEs and
-vocoder are the released sizes.
+At full size (`folder_config`) the DiT, connectors, VAEs and vocoder are the released ones but for
+the connectors' input projection: the folder's Gemma 3 has the 12B's width (3840, the caption width
+of the connectors and the DiT) and 2 of its 48 layers, so that projection takes 3 stacked hidden
+states instead of 49. The whole 12B would bring the folder (the 19B DiT alone is 38 GB) to about
+66 GB, more than a 64 GiB disk holds; this one is about 45 GB.
 """
 
 from __future__ import annotations
@@ -26,15 +28,17 @@ from mstar.bench.parity_families import (
     seeded_image,
 )
 
+FOLDER_GEMMA_LAYERS = 2  # of the 12B's 48: one sliding-window and one full-attention layer
+FOLDER_GEMMA_LAYER_TYPES = ("sliding_attention", "full_attention")
+
 
 def ltx2_parity(variant: str | None = None, tiny: bool = False) -> ParityFamily:
     from mstar.models.ltx2.model import LTX2Spec
-    from mstar.models.ltx2.presets import LTX2, TINY
 
     variant = variant or "t2v"
     if variant not in ("t2v", "i2v"):
         raise ValueError(f"ltx-2: variant must be t2v or i2v, got '{variant}'")
-    config = TINY if tiny else replace(LTX2, text_encoder=TINY.text_encoder, connectors=_connectors_for(TINY))
+    config = folder_config(tiny)
     d = config.defaults
     width, height, num_frames = (64, 64, 9) if tiny else (768, 512, 121)
     image = seeded_image(height, width, SEED) if variant == "i2v" else None
@@ -51,18 +55,28 @@ def ltx2_parity(variant: str | None = None, tiny: bool = False) -> ParityFamily:
         encode_reference=partial(ltx2_prompt_embeds, max_sequence_length=d.max_sequence_length),
         run_reference=partial(run_ltx2, image=image, max_sequence_length=d.max_sequence_length),
         input_image=image,
-        notes=["the folder's Gemma 3 is the tiny one at full size (disk); guidance at LTX2Pipeline's defaults"],
+        notes=["at full size the folder's Gemma 3 has 2 layers of the 12B's width (disk); guidance at LTX2Pipeline's defaults"],
     )  # fmt: skip
 
 
-def _connectors_for(tiny):
-    """The released connectors fed by a Gemma 3 of the tiny width and depth."""
-    from mstar.models.ltx2.presets import LTX2
+def folder_config(tiny: bool = False) -> Any:
+    """The config a folder is written with: TINY, or the released LTX-2 with a 2-layer Gemma 3 of
+    the 12B's width (its vision tower TINY's: the prompt path never runs it)."""
+    import copy
 
-    c = tiny.connectors
-    return replace(
-        LTX2.connectors, caption_channels=c.caption_channels, text_proj_in_factor=c.text_proj_in_factor
-    )
+    from mstar.models.ltx2.presets import LTX2, TINY
+
+    if tiny:
+        return TINY
+    gemma = copy.deepcopy(LTX2.text_encoder)
+    gemma["text_config"] |= {
+        "num_hidden_layers": FOLDER_GEMMA_LAYERS,
+        "layer_types": list(FOLDER_GEMMA_LAYER_TYPES),
+    }
+    gemma["vision_config"] = copy.deepcopy(TINY.text_encoder["vision_config"])
+    gemma["mm_tokens_per_image"] = TINY.text_encoder["mm_tokens_per_image"]
+    connectors = replace(LTX2.connectors, text_proj_in_factor=FOLDER_GEMMA_LAYERS + 1)  # embeddings + layers
+    return replace(LTX2, text_encoder=gemma, connectors=connectors)
 
 
 def _components(config: Any, device: str, seed: int, dtype: Any) -> dict[str, Any]:
