@@ -162,6 +162,16 @@ class CompletionRequest(_SamplingFields):
     best_of: Int | None = None
     suffix: str | None = None
 
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _token_ids_at_once(cls, value: Any, handler: Any) -> Any:
+        # A list of plain ints (a token-id prompt) is what the union gives back for it, checked in
+        # one C pass here: the union tries its members item by item (list[str] alone made an
+        # error object for each of a 2k-id prompt's ids before list[Int] took it).
+        if type(value) is list and value and set(map(type, value)) == {int}:
+            return list(value)
+        return handler(value)
+
     def check(self) -> None:
         if self.echo:
             raise InvalidParam("echo", "echo is not supported")
@@ -175,7 +185,7 @@ class CompletionRequest(_SamplingFields):
         prompt = self.prompt
         if isinstance(prompt, str):
             prompts: list = [prompt]
-        elif prompt and all(isinstance(p, int) for p in prompt):
+        elif prompt and isinstance(prompt[0], int):  # validated: the items are all of one kind
             prompts = [list(prompt)]
         else:
             prompts = list(prompt)

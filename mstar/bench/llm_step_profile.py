@@ -34,9 +34,11 @@ class PartTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self._wrapped: list[tuple[Any, str, Any]] = []  # (owner, attribute, its own entry or None)
 
     def wrap(self, owner: Any, attribute: str, name: str) -> None:
         original = getattr(owner, attribute)
+        self._wrapped.append((owner, attribute, vars(owner).get(attribute)))
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             begin = time.perf_counter()
@@ -46,6 +48,15 @@ class PartTimer:
                 self.seconds[name] += time.perf_counter() - begin
 
         setattr(owner, attribute, timed)
+
+    def restore(self) -> None:
+        """Put every wrapped method back as it was."""
+        for owner, attribute, own in reversed(self._wrapped):
+            if own is None:
+                delattr(owner, attribute)  # an instance's method: the class's again
+            else:
+                setattr(owner, attribute, own)
+        self._wrapped.clear()
 
 
 def build(model_name: str, max_num_seqs: int, device: str, compile_mode: str) -> tuple[Any, Any]:

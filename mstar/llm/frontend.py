@@ -38,7 +38,9 @@ class TextFrontend:
     def completion_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return self._checked("prompt", self.tokenizer.encode(prompt))
-        bad = next((t for t in prompt if not 0 <= t < self.tokenizer.vocab_size), None)
+        vocab_size = self.tokenizer.vocab_size
+        in_range = not prompt or (min(prompt) >= 0 and max(prompt) < vocab_size)  # C loops, not Python
+        bad = None if in_range else next(t for t in prompt if not 0 <= t < vocab_size)
         if bad is not None:
             raise InvalidParam(
                 "prompt", f"token id {bad} is outside the vocabulary (0..{self.tokenizer.vocab_size - 1})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from mstar.engine.kv.pages import page_hash, root_hash
+from mstar.engine.kv.pages import chain_hashes, root_hash
 
 PENDING = -1  # a token sampled on the device and not read back yet (the next step is fed from there)
 
@@ -71,9 +71,8 @@ class Sequence:
     def page_hashes(self, num_pages: int, page_tokens: int) -> list[bytes]:
         """The chained hashes of the first `num_pages` full pages of `tokens` (kept, extended)."""
         hashes = self._hashes
-        parent = hashes[-1] if hashes else root_hash(self.namespace)
-        while len(hashes) < num_pages:
-            start = len(hashes) * page_tokens
-            parent = page_hash(parent, self.tokens[start : start + page_tokens])
-            hashes.append(parent)
+        if len(hashes) < num_pages:
+            parent = hashes[-1] if hashes else root_hash(self.namespace)
+            start, stop = len(hashes) * page_tokens, num_pages * page_tokens
+            hashes += chain_hashes(parent, self.tokens[start:stop], page_tokens)
         return hashes[:num_pages]

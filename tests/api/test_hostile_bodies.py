@@ -3,8 +3,11 @@ get 400 invalid_json on every POST route, never a 500."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from mstar.api.errors import ApiError
 from mstar.api.json_body import MAX_JSON_DEPTH, nesting_depth_exceeds, parse_json_object
 from tests.api.conftest import build_client
 from tests.api.fakes import FakeImageSpec, FakeVideoSpec
@@ -50,3 +53,55 @@ def test_nesting_up_to_the_bound_parses_and_brackets_in_strings_are_text():
     big_but_shallow = b'{"p": [' + b"[1]," * 100_000 + b"[2]]}"
     assert len(parse_json_object(big_but_shallow)["p"]) == 100_001
     assert parse_json_object(b'{"seed": -9223372036854775808, "g": 3.141592653589793e-10}')["seed"] < 0
+
+
+def test_the_number_bound_holds_however_the_body_is_parsed():
+    """A body with no long run of number characters parses without the per-number check; one with a
+    run (a long number, or digits in a string) takes the checked parse: same values, same errors."""
+    longest = b"1" * 64
+    assert parse_json_object(b'{"a": ' + longest + b"}")["a"] == int(longest)
+    with pytest.raises(ApiError, match="more than 64 characters"):
+        parse_json_object(b'{"a": ' + longest + b"1}")
+    with pytest.raises(ApiError, match="more than 64 characters"):
+        parse_json_object(b'{"a": -1.5e' + b"0" * 70 + b"}")
+    digits_in_text = parse_json_object(b'{"p": "' + b"7" * 100 + b'", "n": [1, -2.5e3, 3]}')
+    assert digits_in_text == {"p": "7" * 100, "n": [1, -2500.0, 3]}
+    ids = list(range(0, 300_000, 97))
+    assert parse_json_object(json.dumps({"prompt": ids, "t": 0.7}).encode()) == {"prompt": ids, "t": 0.7}
+
+
+def test_a_token_id_prompt_validates_as_the_union_would():
+    """A list of plain ints skips the union's member-by-member tries; everything else (booleans,
+    floats, mixed lists, batches) meets the union, with the error it always gave."""
+    from pydantic import ValidationError
+
+    from mstar.api.errors import validation_error
+    from mstar.api.text_schemas import CompletionRequest
+
+    assert CompletionRequest.model_validate({"prompt": [5, 2**70, 0]}).prompt == [5, 2**70, 0]
+    assert CompletionRequest.model_validate({"prompt": [1.0, 2]}).prompt == [1, 2]
+    assert CompletionRequest.model_validate({"prompt": ["1", "2"]}).prompt == ["1", "2"]
+    assert CompletionRequest.model_validate({"prompt": [[1], [2, 3]]}).prompts() == [[1], [2, 3]]
+    for bad in ([1, True], [True], [1.5], [[1, True]], [None]):
+        with pytest.raises(ValidationError) as raised:
+            CompletionRequest.model_validate({"prompt": bad})
+        assert validation_error(raised.value.errors()).param == "prompt.str"
+
+
+def test_a_token_id_outside_the_vocabulary_is_named():
+    from mstar.errors import InvalidParam
+    from mstar.llm.frontend import TextFrontend
+    from mstar.llm.tokenizer import ByteTokenizer
+
+    class Spec:
+        def load_tokenizer(self, config):
+            return ByteTokenizer(512)
+
+        def context_length(self, config):
+            return 4096
+
+    frontend = TextFrontend(Spec(), None)
+    assert frontend.completion_prompt([0, 511, 7]) == [0, 511, 7]
+    for bad, first in (([3, 512, -1], 512), ([3, -1, 512], -1)):
+        with pytest.raises(InvalidParam, match=f"token id {first} is outside the vocabulary"):
+            frontend.completion_prompt(bad)

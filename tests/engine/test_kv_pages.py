@@ -81,3 +81,18 @@ def test_prefix_cache_off_matches_nothing():
     pages.register_full(page, key[0])
     pages.release([page])
     assert pages.match_prefix(key) == [] and pages.stats().num_free == 4
+
+
+def test_chained_hashes_are_page_hash_page_by_page_and_extend():
+    from mstar.engine.kv.pages import chain_hashes, page_hash, root_hash
+    from mstar.llm.sequence import Sequence
+
+    tokens = [(i * 7919) % 151_936 for i in range(70)]
+    expected, parent = [], root_hash("ns")
+    for start in range(0, 64, 16):
+        parent = page_hash(parent, tokens[start : start + 16])
+        expected.append(parent)
+    assert chain_hashes(root_hash("ns"), tokens, 16) == expected == prefix_hashes(tokens, 16, "ns")
+    seq = Sequence.new("s", tokens, 0, namespace="ns")
+    assert seq.page_hashes(1, 16) == expected[:1] and seq.page_hashes(4, 16) == expected
+    assert seq.page_hashes(2, 16) == expected[:2]

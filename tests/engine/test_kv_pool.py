@@ -226,3 +226,20 @@ def test_a_layout_as_decode_rows_keeps_slots_positions_and_attention():
     torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="causal"):
         PagedLayout.build([2], [2], [[1]], 4, causal=False).as_decode_rows()
+
+
+def test_page_tables_built_at_once_equal_the_rows_pages():
+    """as_decode_rows and pad_decode_layout give their flat page table ready made: the same entries
+    as every row's pages in order; the whole range of a layout is the layout itself."""
+    pages = tuple(range(20, 46))
+    layout = PagedLayout.build([1, 5, 7], [9, 103, 7], [[3, 4, 5], pages[:26], [60, 61]], 4)
+    rows = layout.as_decode_rows()
+    flat = [page for ids in rows.page_ids for page in ids]
+    assert rows.kv_page_indices.dtype == np.int32 and rows.kv_page_indices.tolist() == flat
+    padded = pad_decode_layout(rows, rows.num_segments + 3, scratch_page=99)
+    assert padded.kv_page_indices.tolist() == flat + [99] * 3
+    assert padded.write_slots.tolist()[: rows.num_segments] == layout.write_slots.tolist()
+    assert pad_decode_layout(rows, rows.num_segments, scratch_page=99) is rows
+    assert layout.part(0, 3) is layout and layout.part(0, 2) == PagedLayout.build(
+        [1, 5], [9, 103], [[3, 4, 5], pages[:26]], 4, 1
+    )

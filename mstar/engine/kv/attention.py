@@ -157,7 +157,9 @@ def pad_decode_layout(layout: PagedLayout, num_rows: int, scratch_page: int) -> 
             f"decode and {layout.num_prefill} prefill segments"
         )
     extra = num_rows - layout.num_segments
-    return PagedLayout.build(
+    if extra == 0:
+        return layout
+    padded = PagedLayout.build(
         layout.q_lens + (1,) * extra,
         layout.kv_lens + (1,) * extra,
         layout.page_ids + ((scratch_page,),) * extra,
@@ -165,3 +167,5 @@ def pad_decode_layout(layout: PagedLayout, num_rows: int, scratch_page: int) -> 
         num_rows,
         layout.causal,
     )
+    scratch = np.full(extra, scratch_page, dtype=np.int32)
+    return padded.with_page_indices(np.concatenate([layout.kv_page_indices, scratch]))

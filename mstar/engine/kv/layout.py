@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
 
 import numpy as np
 
@@ -108,9 +109,8 @@ class PagedLayout:
 
     @cached_property
     def kv_page_indices(self) -> np.ndarray:
-        if not self.page_ids:
-            return np.zeros(0, dtype=np.int32)
-        return np.fromiter((p for ids in self.page_ids for p in ids), dtype=np.int32)
+        # one C loop over every entry (a prefix-cache hit's tail rows repeat the prefix's pages)
+        return np.fromiter(chain.from_iterable(self.page_ids), dtype=np.int32, count=self.num_page_indices)
 
     @cached_property
     def kv_last_page_lens(self) -> np.ndarray:
@@ -166,12 +166,21 @@ class PagedLayout:
             raise ValueError("paged layout: only a causal layout runs as decode rows")
         kv_lens: list[int] = []
         page_ids: list[tuple[int, ...]] = []
-        tokens = self.page_tokens
+        indices: list[np.ndarray] = []  # the page table, gathered from each segment's pages at once
         for q_len, kv_len, ids in zip(self.q_lens, self.kv_lens, self.page_ids, strict=True):
-            for end in range(kv_len - q_len + 1, kv_len + 1):
-                kv_lens.append(end)
-                page_ids.append(ids[: -(-end // tokens)])
-        return PagedLayout.build([1] * len(kv_lens), kv_lens, page_ids, tokens, len(kv_lens))
+            ends = np.arange(kv_len - q_len + 1, kv_len + 1)
+            counts = -(-ends // self.page_tokens)  # pages of each row
+            kv_lens += ends.tolist()
+            page_ids += [ids[:count] for count in counts.tolist()]
+            indices.append(np.asarray(ids, dtype=np.int32)[_concatenated_ranges(counts)])
+        rows = PagedLayout.build([1] * len(kv_lens), kv_lens, page_ids, self.page_tokens, len(kv_lens))
+        return rows.with_page_indices(np.concatenate(indices))
+
+    def with_page_indices(self, indices: np.ndarray) -> PagedLayout:
+        """This layout with its flat page table already known (int32, every row's pages in order:
+        what kv_page_indices would build entry by entry); returns self."""
+        self.__dict__["kv_page_indices"] = indices  # the cached_property's slot (frozen fields stay)
+        return self
 
     @property
     def num_page_indices(self) -> int:
@@ -182,6 +191,8 @@ class PagedLayout:
         """Segments start..stop-1 as a layout of their own (None when empty)."""
         if start >= stop:
             return None
+        if start == 0 and stop >= self.num_segments:
+            return self  # immutable: the whole layout, its arrays already built
         decode = max(0, min(self.num_decode, stop) - start)
         return PagedLayout.build(
             self.q_lens[start:stop],
@@ -191,6 +202,12 @@ class PagedLayout:
             decode,
             self.causal,
         )
+
+
+def _concatenated_ranges(counts: np.ndarray) -> np.ndarray:
+    """0..counts[0]-1, then 0..counts[1]-1, ... as one int64 array."""
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(int(counts.sum()), dtype=np.int64) - starts
 
 
 def _indptr(lengths: Sequence[int]) -> np.ndarray:

@@ -205,22 +205,24 @@ class FusedQwen3(nn.Module):
         inv_freq = 1.0 / (config.rope_theta ** (exponents / config.head_dim))  # as the reference's
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.functions = StepFunctions()
+        # each layer's weight tuples, gathered once: a step's Python loop otherwise pays ~16 module
+        # attribute lookups a layer for them (moves and loads keep the Parameter objects)
+        self._layer_weights = [(layer.pre_weights(), layer.post_weights()) for layer in self.layers]
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: TokenAttention
     ) -> torch.Tensor:
         """input_ids, positions [T] (int64) -> final hidden states [T, hidden] (after the norm)."""
-        run, layers, heads = self.functions, self.layers, (self.num_heads, self.num_kv_heads)
+        run, weights, heads = self.functions, self._layer_weights, (self.num_heads, self.num_kv_heads)
         x, cos, sin, q, k, v = run.first_layer_inputs(
-            input_ids, positions, self.embed_tokens.weight, self.inv_freq, layers[0].pre_weights(), self.eps,
-            *heads,
-        )  # fmt: skip
-        for index in range(len(layers) - 1):
+            input_ids, positions, self.embed_tokens.weight, self.inv_freq, weights[0][0], self.eps, *heads
+        )
+        for index in range(len(weights) - 1):
             attended = attention.forward(index, q, k, v)
-            post, pre = layers[index].post_weights(), layers[index + 1].pre_weights()
+            post, pre = weights[index][1], weights[index + 1][0]
             x, q, k, v = run.between_layers(x, attended, post, pre, cos, sin, self.eps, *heads)
-        attended = attention.forward(len(layers) - 1, q, k, v)
-        return run.last_layer_output(x, attended, layers[-1].post_weights(), self.norm.weight, self.eps)
+        attended = attention.forward(len(weights) - 1, q, k, v)
+        return run.last_layer_output(x, attended, weights[-1][1], self.norm.weight, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
