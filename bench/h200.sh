@@ -10,10 +10,26 @@
 #                                             recompiles in traffic                       ~8 / ~5 min
 #   bash bench/h200.sh parity MODEL           our nodes against the pipeline on one folder it wrote
 #                                             (random weights): frames PSNR before any encoding   ~5 min
+#   bash bench/h200.sh test MODEL             the model's gpu-marked tests (cosmos3, cosmos3-folder)
 #   bash bench/h200.sh all                    every phase above for wan and zimage, one after another
 #   bash bench/h200_flux2.sh                  FLUX.2 in one call: first t2i and first edit against
 #                                             steady, c=1 against diffusers eager, step against compiled
-# MODEL: wan, zimage, flux2, ltx2, cosmos3 (parity: its t2v); times above are wan / zimage.
+# MODEL: wan, zimage, flux2, ltx2, cosmos3; times above are wan / zimage. Cosmos3-Edge's cells, one
+# call each (832x480x121 and 1280x704x121, 20 steps, guidance 6):
+#   baseline cosmos3 | cosmos3-720p   Cosmos3OmniPipeline eager and compiled                ~5 / ~7 min
+#   step cosmos3 | cosmos3-720p       the generation step against Cosmos3OmniTransformer    ~5 / ~6 min
+#   serve cosmos3                     cold vs steady, c=1, c=4, 480x832 first vs steady     ~7 min
+#   serve cosmos3-mixed               a fresh server (both sizes compiled at boot): 832x480
+#                                     and 480x832 interleaved at c=4 (p99/p50, recompiles),
+#                                     then c=2 closed loop                                  ~7 min
+#   serve cosmos3-720p                1280x704x121: cold vs steady, c=1, c=2                ~7 min
+#   parity cosmos3                    cosmos3-edge t2v (1 and 20 steps) then cosmos3-nano
+#                                     t2v (1 and 2 steps), each with its generation-pathway
+#                                     rows held to 2e-2 (exit 1 when over)                  ~7 min
+#   test cosmos3 | cosmos3-folder     tests/models/cosmos3/test_gpu.py (Edge and Nano against
+#                                     diffusers, compile once) | a save_pretrained folder
+#                                     served with --model-path                              ~5 / ~4 min
+# (`wheels test` packs what the test phase needs: diffusers, fa3-fwd, PyAV and the server's deps)
 # LTX-2 at its pipeline's default 768x512x121 and at 1280x704x121, each row one call:
 #   step ltx2 | step ltx2-704p                       the guided step (cond, uncond, isolated passes)
 #   serve ltx2                                       first against steady, c=1 p50, c=2, a new size
@@ -41,7 +57,7 @@
 set -uo pipefail
 
 PYTHON=${PYTHON:-python3}
-phase=${1:?usage: bash bench/h200.sh baseline|step|parity|serve|all [wan|zimage] | wheels PHASE}
+phase=${1:?usage: bash bench/h200.sh baseline|step|parity|serve|test|all [MODEL] | wheels PHASE}
 model=${2:-}
 
 server_deps() {  # the server's pure-Python requirements, pinned as this machine's environment has them
@@ -49,12 +65,13 @@ server_deps() {  # the server's pure-Python requirements, pinned as this machine
 }
 
 if [ "$phase" = wheels ]; then
-  case "${model:?wheels baseline|step|parity|serve|llm}" in
+  case "${model:?wheels baseline|step|parity|serve|test|llm}" in
     baseline) reqs=(diffusers==0.42.1 importlib_metadata) ;;
     step | parity) reqs=(diffusers==0.42.1 importlib_metadata fa3-fwd==0.0.3) ;;
     serve) reqs=(fa3-fwd==0.0.3 av==19.0.2) ;;
+    test) reqs=(diffusers==0.42.1 importlib_metadata fa3-fwd==0.0.3 av==19.0.2) ;;  # a server and diffusers
     llm) reqs=(flashinfer-python==0.7.2.post1 "apache-tvm-ffi>=0.1.11,<0.2") ;;  # bench/h200_llm.sh
-    *) echo "wheels: baseline, step, parity, serve or llm" >&2; exit 2 ;;
+    *) echo "wheels: baseline, step, parity, serve, test or llm" >&2; exit 2 ;;
   esac
   mapfile -t pinned < <(server_deps)
   download=$(mktemp -d) staging=$(mktemp -d)
@@ -98,6 +115,14 @@ attention_module() {  # the Python module ATTENTION_BACKEND needs (none for torc
 baseline() {  # diffusers' pipelines end to end (random weights of the real configs), eager and compiled
   require diffusers
   start_budget
+  case "${1:-}" in
+    cosmos3 | cosmos3-720p)  # Cosmos3OmniPipeline (no text encoder: the prompt's tokens go into the DiT)
+      local workload=cosmos3-480p-t2v timed=3
+      [ "$1" = cosmos3-720p ] && workload=cosmos3-720p-t2v timed=2
+      guarded "diffusers-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench diffusers --workloads "$workload" \
+        --modes eager,compiled --num-warmup 1 --num-timed "$timed" -o "$out/diffusers-$1.json"
+      return 0 ;;
+  esac
   [ "${1:-zimage}" != wan ] && guarded diffusers-zimage 200 "$PYTHON" -m mstar.cli bench diffusers \
     --workloads zimage-1024 --modes eager,compiled --num-warmup 1 --num-timed 3 -o "$out/diffusers-zimage.json"
   [ "${1:-wan}" != zimage ] && guarded diffusers-wan 340 "$PYTHON" -m mstar.cli bench diffusers \
@@ -115,7 +140,8 @@ step() {  # step wan|zimage: our DiT (deterministic) against diffusers' eager an
     ltx2) workloads=ltx2-512p-guided ;;
     ltx2-704p) workloads=ltx2-704p-guided ;;
     cosmos3) workloads=cosmos3-480p-cfg ;;
-    *) echo "step: wan, zimage, flux2, ltx2, ltx2-704p or cosmos3" >&2; return 2 ;;
+    cosmos3-720p) workloads=cosmos3-720p-cfg ;;
+    *) echo "step: wan, zimage, flux2, ltx2, ltx2-704p, cosmos3 or cosmos3-720p" >&2; return 2 ;;
   esac
   start_budget
   guarded "step-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench step --workloads "$workloads" \
@@ -135,12 +161,33 @@ parity() {  # parity wan|zimage: the pipeline's folder (real config, random weig
     *) echo "parity: wan, zimage, flux2, ltx2 or cosmos3" >&2; return 2 ;;
   esac
   start_budget
+  if [ "$1" = cosmos3 ]; then  # Edge, then Nano (14.6B parameters: a 29 GB folder, 1- and 2-step cases)
+    guarded parity-cosmos3-edge $(($(left_s) * 3 / 5)) "$PYTHON" -m mstar.cli bench parity cosmos3-edge \
+      --device cuda -o "$out/parity-cosmos3-edge.json"
+    guarded parity-cosmos3-nano "$(left_s)" "$PYTHON" -m mstar.cli bench parity cosmos3-nano \
+      --device cuda -o "$out/parity-cosmos3-nano.json"
+    return 0
+  fi
   guarded "parity-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench parity "$served" --device cuda \
     -o "$out/parity-$1.json"
 }
 
+gpu_tests() {  # gpu_tests cosmos3|cosmos3-folder: the model's gpu-marked tests, one call
+  require diffusers pytest
+  local tests
+  case "$1" in
+    cosmos3) tests=(tests/models/cosmos3/test_gpu.py tests/engine/test_prefix_attention_gpu.py) ;;
+    cosmos3-folder) require av fastapi uvicorn; tests=(tests/models/cosmos3/test_served_folder_gpu.py) ;;
+    *) echo "test: cosmos3 or cosmos3-folder" >&2; return 2 ;;
+  esac
+  start_budget
+  guarded "test-$1" "$(left_s)" "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts="" -m gpu -rs \
+    "${tests[@]}"
+  tail -15 "$out/test-$1.out"
+}
+
 serve() {  # serve wan|zimage: our server with random weights, one size compiled, then the suite
-  local name=$1 served workload compile_size suite_args closed_loop=()
+  local name=$1 served workload compile_size suite_args closed_loop=() after_suite=() after_s=0 suite_name=""
   local device_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKEND:-fa3}")
   case "$name" in
     tiny)  # a CPU check of this phase's plumbing with the embedded model
@@ -173,11 +220,20 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
     ltx2-704p-c4)
       served=ltx-2 workload=ltx2-704p-t2v compile_size=1280x704x121
       closed_loop=(--concurrency 4 --num-requests 4 --num-warmup 0) ;;
-    cosmos3)
+    cosmos3)  # the write-ups' cell: c=1, c=4, and a size the warmup did not compile
       served=cosmos3-edge workload=cosmos3-480p-t2v compile_size=832x480x121
-      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 4 --num-mixed 0 --new-size 480x832
+      suite_args=(--num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 0 --new-size 480x832
         --new-size-settle 60) ;;
-    *) echo "serve: wan, zimage, flux2, ltx2[-c4], ltx2-704p[-c2|-c4], cosmos3 (or tiny, on the CPU)" >&2
+    cosmos3-mixed)  # a fresh server: the two orientations interleaved at c=4 first, then c=2 (after)
+      served=cosmos3-edge workload=cosmos3-480p-t2v compile_size=832x480x121,480x832x121
+      after_suite=(--concurrency 2 --num-requests 4) after_s=75
+      suite_name=cosmos3-480p-mixed  # its own name (results pick the steady figures by workload)
+      suite_args=(--kind video --steps 20 --guidance-scale 6.0 --extra-body '{"num_frames": 121}'
+        --sizes 832x480,480x832 --num-steady 0 --high-concurrency 4 --num-high 0 --num-mixed 8) ;;
+    cosmos3-720p)
+      served=cosmos3-edge workload=cosmos3-720p-t2v compile_size=1280x704x121
+      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 0) ;;
+    *) echo "serve: wan, zimage, flux2, ltx2[-c4], ltx2-704p[-c2|-c4], cosmos3[-mixed|-720p] (or tiny, on the CPU)" >&2
       return 2 ;;
   esac
   if [ "$name" = tiny ]; then require fastapi uvicorn msgspec zmq; else require fastapi uvicorn msgspec zmq av $(attention_module); fi
@@ -200,9 +256,15 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
       --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" "${closed_loop[@]}" \
       -o "$out/serve-$name.json"
   else
-    guarded "suite-$name" $(($(left_s) - 15)) "$PYTHON" -m mstar.cli bench serve-suite \
-      --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" --boot-s "$boot_s" \
-      --max-duration $(($(left_s) - 30)) "${suite_args[@]}" -o "$out/suite-$name.json"
+    guarded "suite-$name" $(($(left_s) - 15 - after_s)) "$PYTHON" -m mstar.cli bench serve-suite \
+      --base-url http://127.0.0.1:8765 --workload "${suite_name:-$workload}" --model "$served" \
+      --boot-s "$boot_s" --max-duration $(($(left_s) - 30 - after_s)) "${suite_args[@]}" \
+      -o "$out/suite-$name.json"
+  fi
+  if [ ${#after_suite[@]} -gt 0 ]; then  # after the suite, a closed loop at another concurrency
+    guarded "serve-$name" $(($(left_s) - 15)) "$PYTHON" -m mstar.cli bench serve \
+      --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" --num-warmup 0 \
+      "${after_suite[@]}" -o "$out/serve-$name.json"
   fi
   echo "recompile warnings in the server log: $(grep -c 'recompiled in traffic' "$log")"
   grep -h "swapped in\|stays eager" "$log" | tail -4
@@ -214,6 +276,7 @@ case "$phase" in
   step) step "${model:?step wan|zimage}" ;;
   serve) serve "${model:?serve wan|zimage}" ;;
   parity) parity "${model:?parity wan|zimage}" ;;
+  test) gpu_tests "${model:?test cosmos3|cosmos3-folder}" ;;
   all) baseline && step wan && step zimage && parity wan && parity zimage && serve wan && serve zimage ;;
   *) echo "unknown phase '$phase'" >&2; exit 2 ;;
 esac

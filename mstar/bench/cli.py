@@ -200,7 +200,9 @@ def _parity_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "parity", help="our nodes vs the reference pipeline on one folder it wrote (random weights)"
     )
-    parser.add_argument("model", help="wan2.2-ti2v-5b or z-image-turbo")
+    parser.add_argument(
+        "model", help="a registered model with a parity hook (wan2.2-ti2v-5b, cosmos3-nano, ...)"
+    )
     parser.add_argument("--variant", help="wan2.2-ti2v-5b: t2v (default), i2v, or t2v,i2v (one folder)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny configs (CPU tests)")
@@ -371,7 +373,7 @@ def main(argv: list[str]) -> int:
     output.with_suffix(".md").write_text(markdown)
     print(markdown)
     print(f"wrote {output} and {output.with_suffix('.md')}")
-    return 0
+    return 1 if result.get("limits_exceeded") else 0  # parity rows over their limits
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ with SDPA limited to the memory-efficient and math kernels, math alone on the CP
 ours near its yardstick is as close as the reference is to itself. The text encoder's sensitivity
 (output change for a 1e-3 relative change of its input embeddings) says whether the random
 weights make the comparison meaningful at all: a chaotic encoder turns any rounding into O(1).
+
+A family may add DiT rows (one step's prediction against the reference transformer's) with a limit
+each; `mstar bench parity` exits 1 when any row is over its limit.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class ParityFamily:
     # (pipeline, our nodes, request fields) -> rows: the prompt's side of a model with no text
     # encoder (its prompt tokens go straight into the DiT), in place of the embedding rows
     prompt_rows: Callable[[Any, dict[str, Any], dict[str, Any]], list[dict[str, Any]]] | None = None
+    # (pipeline, our nodes, request fields, device) -> rows: the DiT's own prediction against the
+    # reference transformer's on one input; a row with a "limit" fails the run when it exceeds it
+    dit_rows: Callable[[Any, dict[str, Any], dict[str, Any], str], list[dict[str, Any]]] | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -301,6 +307,9 @@ def run_parity(options: ParityOptions) -> dict[str, Any]:
             nodes = build_ours(family.spec, folder, options)
         with _timed(timings_s, "text"):
             rows = text_rows(family, reference, nodes)
+        if family.dit_rows is not None:
+            with _timed(timings_s, "dit"):
+                rows += family.dit_rows(reference, nodes, family.request, options.device)
         for variant in families:
             for case in variant.cases:
                 label = f"{variant.variant} {case.name}" if len(families) > 1 else case.name
@@ -320,7 +329,17 @@ def run_parity(options: ParityOptions) -> dict[str, Any]:
         "timings_s": timings_s,
         "folder": str(folder) if options.keep_folder else None,
         "notes": family.notes,
+        "limits_exceeded": limits_exceeded(rows),
     }
+
+
+def limits_exceeded(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows over their "limit" (a missing or NaN figure counts as over), as short lines."""
+    return [
+        f"{row['quantity']}, {row['case']}: {_fmt(row['ours'], row['metric'])} > {row['limit']:g}"
+        for row in rows
+        if row.get("limit") is not None and not (row["ours"] is not None and row["ours"] <= row["limit"])
+    ]
 
 
 def _families(options: ParityOptions) -> list[ParityFamily]:
@@ -363,5 +382,12 @@ def parity_table(result: dict[str, Any]) -> str:
             f"| {row['quantity']} | {row['case']} | {row['metric']} | {_fmt(row['ours'], row['metric'])} | "
             f"{_fmt(row['yardstick'], row['metric'])} | {row['yardstick_how']} |"
         )
+    checked = [row for row in result["rows"] if row.get("limit") is not None]
+    exceeded = result.get("limits_exceeded") or []
+    if exceeded:
+        lines.append(f"\nLIMITS EXCEEDED ({len(exceeded)} of {len(checked)} rows): " + "; ".join(exceeded))
+    elif checked:
+        limits = ", ".join(sorted({f"{row['limit']:g}" for row in checked}))
+        lines.append(f"\nWithin limits: {len(checked)} rows ({limits}).")
     timings = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.get("timings_s", {}).items())
     return "\n".join(lines) + (f"\n\nTimes: {timings}." if timings else "")

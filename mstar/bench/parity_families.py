@@ -59,6 +59,7 @@ def free_device_memory(device: str) -> None:
 def parity_family(model: str, variant: str | None = None, tiny: bool = False):
     """The hook of a registered model's bench entry; `variant` None is the family's first."""
     import importlib
+    import inspect
 
     from mstar.models.registry import MODELS
 
@@ -71,7 +72,11 @@ def parity_family(model: str, variant: str | None = None, tiny: bool = False):
     if entry is None or entry.parity is None:
         raise ValueError(f"no parity hook for '{model}' (have: {', '.join(hooks)})")
     module_name, name = entry.parity.split(":")
-    return getattr(importlib.import_module(module_name), name)(variant, tiny=tiny)
+    hook = getattr(importlib.import_module(module_name), name)
+    # a hook serving several registered names of its family (Cosmos3's Edge and Nano) takes the name
+    if "model" in inspect.signature(hook).parameters:
+        return hook(variant, tiny=tiny, model=model)
+    return hook(variant, tiny=tiny)
 
 
 def _entry_parity(bench: str) -> str | None:

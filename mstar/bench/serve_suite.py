@@ -255,9 +255,9 @@ def summary(result: dict[str, Any], kind: str, high_concurrency: int) -> dict[st
     new_first = result.get("new_size_first") or {}
     new_first_s = new_first.get("latency_s") if new_first.get("ok") else None
     new_steady_s = (phases.get("new_size_c1") or {}).get("latency_p50_s")
-    mixed_before = recompiles.get(
-        "after_new_size_c1", recompiles.get(f"after_c{high_concurrency}", recompiles.get("after_steady_c1"))
-    )
+    # the last scrape before the mixed run (a fresh server's mixed run follows the cold request)
+    before_mixed = ("after_new_size_c1", f"after_c{high_concurrency}", "after_steady_c1", "after_cold")
+    mixed_before = next((recompiles[k] for k in before_mixed if recompiles.get(k) is not None), None)
     return {
         "boot_s": result.get("boot_s"),
         "cold_latency_s": cold_s,

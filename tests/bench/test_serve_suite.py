@@ -123,6 +123,13 @@ def test_summary_ratios_and_recompile_deltas():
     assert s["throughput_ratio"] == pytest.approx(1.5)
     assert s["mixed_p99_over_p50"] == pytest.approx(1.5)
     assert (s["recompiles_in_mixed"], s["recompiles_in_traffic"]) == (3, 4)
+    # a fresh server whose only traffic before the mixed run is the cold request
+    fresh = {**result, "phases": {"mixed": result["phases"]["mixed"]}}
+    fresh["recompiles"] = {"at_ready": 0, "after_cold": 1, "after_mixed": 1, "at_end": 1}
+    assert (
+        summary(fresh, "video", 4)["recompiles_in_mixed"],
+        summary(fresh, "video", 4)["recompiles_in_traffic"],
+    ) == (0, 1)
 
 
 def _tiny_server(metrics):

@@ -125,6 +125,22 @@ def test_a_failed_plan_leaves_the_label_unplanned():
     torch.testing.assert_close(dense.run("generation", 0, q, k, v), _expected(OTHER, prefix, 0, q, k, v))
 
 
+@pytest.mark.parametrize("backend", ["fa3", "flashinfer"])
+def test_a_forgotten_plan_is_planned_again(backend):
+    """The plan cache's last rule under the dense manager: a wrapper told to forget (a dropped
+    pre-plan) plans its next layout again, even the one it held; the output stays right."""
+    dense = _dense(backend)
+    dense.plan("generation", LAYOUT, _prefix(LAYOUT, seed=30))
+    dense.run("generation", 0, *_qkv(LAYOUT, seed=31))
+    for wrapper in dense.ragged.wrappers("generation"):
+        wrapper.forget()
+    prefix = _prefix(LAYOUT, seed=32)
+    dense.plan("generation", LAYOUT, prefix)
+    assert dense.ragged.num_kernel_plans == 2 and dense.num_index_copies == 1  # the index is the layout's
+    q, k, v = _qkv(LAYOUT, seed=33)
+    torch.testing.assert_close(dense.run("generation", 1, q, k, v), _expected(LAYOUT, prefix, 1, q, k, v))
+
+
 def test_release_lets_go_of_the_prefix():
     dense = _dense()
     prefix = _prefix(LAYOUT, seed=13)

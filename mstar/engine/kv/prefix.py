@@ -7,11 +7,13 @@ per layer) read by every denoise step of the request, shared between requests by
     keys, values = kv.layer(3)                    # [sum(T_i), Hkv, D] gathered from the pages
     cache.release(held)                           # the request finished, failed or was cancelled
 
-A prefix's pages are keyed by the chained hash of its tokens (engine.kv.pages): every full page by
-the page chain, the partial last page by the chain and the tail's tokens, so a repeated token list
-finds all of its pages and runs nothing. A prefix is taken whole or computed whole: K/V computed
-as part of a longer (or shorter) run can differ in the last bits (kernels pick by row count), so
-reusing part of one would make a request's output depend on what ran before it.
+A prefix's pages are keyed by the chained hash of its tokens (engine.kv.pages): every page but the
+last by the page chain, the last one (full or partial) by the chain and its tokens under a terminal
+mark, so a repeated token list finds all of its pages and runs nothing, and a token list that is
+the page-aligned start of a longer one finds none of the longer one's pages. A prefix is taken whole
+or computed whole: K/V computed as part of a longer (or shorter) run can differ in the last bits
+(kernels pick by row count), so reusing part of one would make a request's output depend on what
+ran before it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mstar.engine.kv.pages import page_hash, prefix_hashes, root_hash
 from mstar.engine.kv.pool import KVPool
 from mstar.engine.transfer import to_device
 
-TAIL_MARK = (-1,)  # chained before a partial page's tokens: its key is never a full page's
+TAIL_MARK = (-1,)  # chained before a prefix's last page: its key is never a page's inside a prefix
 
 
 class PoolExhausted(RuntimeError):
@@ -42,12 +44,12 @@ class HeldPrefix:
 
 
 def prefix_keys(tokens: Sequence[int], page_tokens: int, namespace: str) -> list[bytes]:
-    """The key of every page of `tokens`: the full pages' chain, then the partial page's."""
-    keys = prefix_hashes(tokens, page_tokens, namespace)
-    num_full = len(keys) * page_tokens
-    if num_full < len(tokens):
-        parent = keys[-1] if keys else root_hash(namespace)
-        keys.append(page_hash(page_hash(parent, TAIL_MARK), tokens[num_full:]))
+    """The key of every page of `tokens`: the chain of the pages before the last, then the last
+    page's (full or partial) under the terminal mark."""
+    num_before_last = (len(tokens) - 1) // page_tokens * page_tokens
+    keys = prefix_hashes(tokens[:num_before_last], page_tokens, namespace)
+    parent = keys[-1] if keys else root_hash(namespace)
+    keys.append(page_hash(page_hash(parent, TAIL_MARK), tokens[num_before_last:]))
     return keys
 
 

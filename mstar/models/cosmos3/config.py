@@ -217,15 +217,19 @@ class Cosmos3Config:
         )
 
 
-def tiny_cosmos3_config() -> Cosmos3Config:
-    """A kilobytes-small Cosmos3 for CPU tests: the Edge-like backbone at 2 layers of 64 (4 query
-    and 2 key-value heads of 16), the tiny Wan VAE (16 latent channels), Edge's pipeline flags."""
+def tiny_cosmos3_config(backbone: str = "edge") -> Cosmos3Config:
+    """A kilobytes-small Cosmos3 for CPU tests: the Edge-like (or, with "nano", the Nano-like)
+    backbone at 2 layers of 64 (4 query and 2 key-value heads of 16), the tiny Wan VAE (16 latent
+    channels), that backbone's pipeline flags."""
     from mstar.models.wan22.config import tiny_wan22_config
 
+    if backbone not in ("edge", "nano"):
+        raise ValueError(f"tiny Cosmos3: backbone must be 'edge' or 'nano', got {backbone!r}")
+    nano = backbone == "nano"
     transformer = dataclasses.replace(
-        EDGE_TRANSFORMER, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_axes_dim=(4, 2, 2),
-        latent_channel=16, patch_latent_dim=64, vocab_size=264,
+        NANO_TRANSFORMER if nano else EDGE_TRANSFORMER, hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        rope_axes_dim=(4, 2, 2), latent_channel=16, patch_latent_dim=64, vocab_size=264,
     )  # fmt: skip
     recipe = Cosmos3Recipe(
         video_width=32, video_height=32, num_frames=5, image_width=32, image_height=32,
@@ -233,5 +237,6 @@ def tiny_cosmos3_config() -> Cosmos3Config:
     )  # fmt: skip
     vae = WanVAEConfig.from_dict(tiny_wan22_config().vae)
     return Cosmos3Config(
-        transformer=transformer, scheduler=UniPCConfig(flow_shift=3.0), vae=vae, recipe=recipe
-    )
+        transformer=transformer, scheduler=UniPCConfig(flow_shift=3.0), vae=vae,
+        pipeline=Cosmos3PipelineFlags() if nano else EDGE_PIPELINE_FLAGS, recipe=recipe,
+    )  # fmt: skip

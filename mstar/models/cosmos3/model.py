@@ -15,7 +15,7 @@ from mstar.errors import InvalidParam
 from mstar.graph import BuildContext, GenerationParams, Loop, ModelSpec, Node, Walk
 from mstar.models.cosmos3 import geometry
 from mstar.models.cosmos3.config import NANO_TRANSFORMER, Cosmos3Config, Cosmos3PipelineFlags
-from mstar.models.cosmos3.modes import IMAGE_FIELD, select_mode
+from mstar.models.cosmos3.modes import IMAGE_FIELD, refuse_unbuilt_modes, select_mode
 from mstar.models.validation import (
     check_prompts,
     guidance_in,
@@ -81,6 +81,7 @@ class Cosmos3Spec(ModelSpec):
     def validate(self, params: GenerationParams) -> Cosmos3Params:
         r = self.config.recipe
         check_prompts(params, MAX_PROMPT_CHARS)
+        refuse_unbuilt_modes({"audio": params.audio})
         if params.seconds is not None:
             raise InvalidParam("seconds", "give num_frames (of the form 4k+1) for Cosmos3")
         num_frames = int_in("num_frames", params.num_frames, r.num_frames, 1, self.max_num_frames)

@@ -25,8 +25,11 @@ class Mode(enum.StrEnum):
     IMAGE_TO_VIDEO = "image-to-video"
 
 
-# Cosmos3OmniPipeline.__call__ arguments that select a mode we do not build, and that mode.
+# Cosmos3OmniPipeline.__call__ arguments that select a mode we do not build, and that mode; and
+# `audio`, our API's soundtrack switch (true asks for the sound Cosmos3 would generate). The API
+# refuses the pipeline's own names as unknown fields; the spec refuses what reaches it.
 UNBUILT_MODE_FIELDS: dict[str, str] = {
+    "audio": "sound generation",
     "enable_sound": "sound generation",
     "sound_latents": "sound generation",
     "action": "action-conditioned generation (forward dynamics, inverse dynamics, policy)",

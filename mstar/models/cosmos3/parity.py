@@ -1,12 +1,18 @@
 """Cosmos3's parity hook (its bench entry's `parity`): Cosmos3OmniPipeline written with random
-weights of the Edge config (tiny: the CPU test config), the Wan VAE and the offline byte-level
-tokenizer, loaded back and run beside our nodes by mstar.bench.parity. Variants: t2v (the default),
-t2i (one frame) and i2v (a seeded first frame).
+weights of the model's real config (cosmos3-edge or cosmos3-nano; tiny: the CPU test configs of the
+same backbones), the Wan VAE and the offline byte-level tokenizer, loaded back and run beside our
+nodes by mstar.bench.parity. Variants: t2v (the default), t2i (one frame) and i2v (a seeded first
+frame).
 
 There is no text encoder: the prompt's token ids go into the transformer's understanding pathway,
 so the prompt rows compare our token ids of both labels with the pipeline's tokenize_prompt, and
-the understanding pathway's parity shows in the latents. The folder's scheduler is written with the
-recipe's flow shift, so the pipeline (which reads its scheduler as saved) samples as we do."""
+the generation rows compare one step's prediction of the generation pathway (our prefixes read from
+the KV pool, both labels packed) with Cosmos3OmniTransformer's full forward on the same input, held
+to MAX_GENERATION_REL_ERR. The folder's scheduler is written with the recipe's flow shift, so the
+pipeline (which reads its scheduler as saved) samples as we do.
+
+Nano at full size runs a 1-step case and a 2-step guided one (its recipe's 20 steps do not fit one
+device call beside Edge's run; `--steps 20` gives them)."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mstar.bench.parity import ParityCase, ParityFamily, parity_row
+from mstar.bench.parity import ParityCase, ParityFamily, other_attention_kernels, parity_row, rel_err
 from mstar.bench.parity_families import (
     PROMPT,
     SEED,
@@ -28,25 +34,39 @@ from mstar.bench.parity_families import (
 from mstar.models.cosmos3.config import Cosmos3Config
 
 VARIANTS = ("t2v", "t2i", "i2v")
+BACKBONES = {"cosmos3-edge": "edge", "cosmos3-nano": "nano"}
+NANO_GUIDED_STEPS = 2
+MAX_GENERATION_REL_ERR = 2e-2  # bf16 at full size; float32 on the CPU agrees to ~1e-6
+# (timestep, clean latent frames) of the generation rows: a t2v step, and i2v's clean first frame
+GENERATION_INPUTS = ((999.0, ()), (500.0, (0,)))
 
 
-def cosmos3_parity(variant: str | None = None, tiny: bool = False) -> ParityFamily:
+def cosmos3_parity(
+    variant: str | None = None, tiny: bool = False, model: str = "cosmos3-edge"
+) -> ParityFamily:
     from mstar.models.cosmos3.config import tiny_cosmos3_config
-    from mstar.models.cosmos3.model import Cosmos3Spec, TinyCosmos3Spec
+    from mstar.models.cosmos3.model import Cosmos3NanoSpec, Cosmos3Spec, TinyCosmos3Spec
 
     variant = variant or "t2v"
     if variant not in VARIANTS:
-        raise ValueError(f"cosmos3-edge: variant must be one of {', '.join(VARIANTS)}, got '{variant}'")
-    config = tiny_cosmos3_config() if tiny else Cosmos3Config()
+        raise ValueError(f"{model}: variant must be one of {', '.join(VARIANTS)}, got '{variant}'")
+    if model not in BACKBONES:
+        raise ValueError(f"no Cosmos3 parity for '{model}' (have: {', '.join(BACKBONES)})")
+    nano = BACKBONES[model] == "nano"
+    if tiny:
+        spec = TinyCosmos3Spec(tiny_cosmos3_config(BACKBONES[model]))
+    else:
+        spec = Cosmos3NanoSpec() if nano else Cosmos3Spec()
+    config = spec.config
     r = config.recipe
     if variant == "t2i":
         width, height, num_frames = r.image_width, r.image_height, 1
     else:
         width, height, num_frames = r.video_width, r.video_height, r.num_frames
     image = seeded_image(height, width, SEED) if variant == "i2v" else None
-    spec = TinyCosmos3Spec(config) if tiny else Cosmos3Spec(config)
+    guided_steps = NANO_GUIDED_STEPS if nano and not tiny else r.num_inference_steps
     return ParityFamily(
-        model="cosmos3-edge",
+        model=model,
         variant=variant,
         spec=spec,
         request={
@@ -59,7 +79,7 @@ def cosmos3_parity(variant: str | None = None, tiny: bool = False) -> ParityFami
         },  # fmt: skip
         cases=[
             ParityCase("1 step", 1, 1.0),
-            ParityCase(f"{r.num_inference_steps} steps", r.num_inference_steps, r.guidance_scale),
+            ParityCase(f"{guided_steps} steps", guided_steps, r.guidance_scale),
         ],
         write_folder=partial(write_folder, config),
         load_reference=load_reference,
@@ -67,6 +87,7 @@ def cosmos3_parity(variant: str | None = None, tiny: bool = False) -> ParityFami
         run_reference=partial(run_pipeline, image=image),
         input_image=image,
         prompt_rows=partial(prompt_rows, spec),
+        dit_rows=partial(generation_rows, spec),
         notes=["no text encoder: the prompt rows count token ids that differ from the pipeline's"],
     )
 
@@ -95,16 +116,19 @@ def write_folder(config: Cosmos3Config, folder: Path, device: str, seed: int) ->
     )
 
     from mstar.models.checkpoint import randomize_
-    from mstar.models.cosmos3.reference import scheduler_dict
+    from mstar.models.cosmos3.reference import built_in, scheduler_dict
     from mstar.models.cosmos3.text import offline_tokenizer
 
     config = folder_config(config)
     torch.manual_seed(seed)
     # no action head (Edge's checkpoint has one; its mode is refused)
     kwargs = {**config.transformer.to_dict(), "action_gen": False}
+    dtype = device_dtype(device)
+    with built_in(device, dtype):  # Nano's 14.6B parameters made in bf16, not float32
+        transformer = Cosmos3OmniTransformer(**kwargs)
+    # its fp32 modules cast first, so their random values have float32 precision
+    transformer = randomize_(cast_like_pretrained(transformer, dtype), seed)
     with torch.device(device):
-        transformer = randomize_(Cosmos3OmniTransformer(**kwargs), seed)
-        transformer = cast_like_pretrained(transformer, device_dtype(device))
         vae = randomize_(AutoencoderKLWan(**diffusers_vae_config(config)), seed + 1)  # float32
     pipe = Cosmos3OmniPipeline(
         transformer=transformer.eval(), text_tokenizer=offline_tokenizer(), vae=vae.eval(),
@@ -157,4 +181,55 @@ def prompt_rows(spec: Any, pipe: Any, nodes: dict[str, Any], fields: dict[str, A
         mine = ours[label]
         differing = sum(a != b for a, b in zip(mine, theirs, strict=False)) + abs(len(mine) - len(theirs))
         rows.append(parity_row(quantity, "-", "ids differing", differing, None, "-", num_tokens=len(theirs)))
+    return rows
+
+
+def generation_rows(
+    spec: Any, pipe: Any, nodes: dict[str, Any], fields: dict[str, Any], device: str
+) -> list[dict[str, Any]]:
+    """One step's prediction of the generation pathway for both labels, as served (each label's
+    prefix from the KV pool, the two packed in one forward), against Cosmos3OmniTransformer's
+    full forward on the same latents; the yardstick is that forward under other SDPA kernels."""
+    import torch
+
+    from mstar.engine.kv.prefix import PagedPrefixKV
+    from mstar.graph import GenerationParams
+    from mstar.models.cosmos3.geometry import latent_shape
+    from mstar.models.cosmos3.reference import diffusers_velocity
+    from mstar.models.cosmos3.transformer import VisionInput
+
+    pipeline = nodes["dit"].pipeline
+    params = spec.validate(GenerationParams(**fields, guidance_scale=2.0))  # both labels
+    ids = pipeline.prompt_ids(params)
+    config = pipeline.config
+    shape = latent_shape(config.vae, params.num_frames, params.height, params.width)
+    latents = torch.randn(shape, generator=torch.Generator().manual_seed(params.seed)).to(pipeline.device)
+    reference = partial(
+        diffusers_velocity, pipe.transformer, fps=float(params.fps),
+        temporal_compression=config.vae.scale_factor_temporal,
+    )  # fmt: skip
+    held = pipeline.understand(params)
+    rows = []
+    try:
+        labels = list(held)
+        prefix = PagedPrefixKV(pipeline.prefixes.pool, [held[label] for label in labels])
+        for timestep, clean in GENERATION_INPUTS:
+            if clean and shape[1] == 1:
+                continue  # an image has no frame to keep clean
+            case = f"t={timestep:.0f}" + (", first frame clean" if clean else "")
+            items = [VisionInput(latents, timestep, float(params.fps), clean) for _ in labels]
+            with torch.inference_mode():
+                ours = pipeline.dit.generate(items, prefix, pipeline.dense)
+                for label, out in zip(labels, ours, strict=True):
+                    theirs = reference(ids[label], latents, timestep, clean_frames=clean)
+                    with other_attention_kernels(device):
+                        other = reference(ids[label], latents, timestep, clean_frames=clean)
+                    rows.append(parity_row(
+                        f"generation pathway output ({label})", case, "rel err", rel_err(out, theirs),
+                        rel_err(other, theirs), "reference, other SDPA kernels",
+                        limit=MAX_GENERATION_REL_ERR, num_tokens=len(ids[label]),
+                    ))  # fmt: skip
+    finally:
+        for prefix_pages in held.values():
+            pipeline.prefixes.release(prefix_pages)
     return rows

@@ -9,7 +9,9 @@ loaded from a saved folder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -82,6 +84,20 @@ def diffusers_velocity(
     return predictions[0][0]
 
 
+@contextlib.contextmanager
+def built_in(device: str | torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Modules made inside are made on `device` with parameters in `dtype` (diffusers' Cosmos3
+    builds its rotary buffer in float32 explicitly): a Nano-sized model (14.6B parameters) is
+    never made in float32 on the host first."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def load_pipeline(folder, device: str = "cpu", dtype: torch.dtype = torch.float32):
     """Cosmos3OmniPipeline from a saved folder: the transformer in `dtype` (its fp32 modules kept),
     the VAE in float32 as the checkpoint's.
@@ -89,7 +105,8 @@ def load_pipeline(folder, device: str = "cpu", dtype: torch.dtype = torch.float3
     The transformer is read from the folder's own config and safetensors and handed in:
     Cosmos3OmniTransformer.from_pretrained needs `accelerate` (its fp32 time embedder forces
     low_cpu_mem_usage), which is not a dependency; every other part comes from
-    Cosmos3OmniPipeline.from_pretrained."""
+    Cosmos3OmniPipeline.from_pretrained. It is made on the device in `dtype` (its fp32 modules
+    cast before the copy, so they keep the checkpoint's precision) and filled shard by shard."""
     from pathlib import Path
 
     from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer
@@ -98,12 +115,21 @@ def load_pipeline(folder, device: str = "cpu", dtype: torch.dtype = torch.float3
     from mstar.bench.baseline import cast_parameters
 
     transformer_dir = Path(folder) / "transformer"
-    transformer = Cosmos3OmniTransformer.from_config(Cosmos3OmniTransformer.load_config(str(transformer_dir)))
-    state = {}
-    for path in sorted(transformer_dir.glob("*.safetensors")):
-        state.update(load_file(str(path)))
-    transformer.load_state_dict(state, strict=True)
+    with built_in(device, dtype):
+        transformer = Cosmos3OmniTransformer.from_config(
+            Cosmos3OmniTransformer.load_config(str(transformer_dir))
+        )
     transformer = cast_parameters(transformer, dtype, getattr(transformer, "_keep_in_fp32_modules", None))
+    expected, loaded = set(transformer.state_dict()), set()
+    for path in sorted(transformer_dir.glob("*.safetensors")):
+        shard = load_file(str(path), device=str(torch.device(device)))
+        _, unexpected = transformer.load_state_dict(shard, strict=False)
+        if unexpected:
+            raise ValueError(f"{path}: tensors the transformer lacks, e.g. {unexpected[0]}")
+        loaded.update(shard)
+        del shard
+    if expected - loaded:
+        raise ValueError(f"{transformer_dir}: no tensor for {sorted(expected - loaded)[0]}")
     pipe = Cosmos3OmniPipeline.from_pretrained(str(folder), transformer=transformer.eval()).to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -116,6 +116,17 @@ def test_unbuilt_modes_are_refused_naming_the_field(field):
     assert error.value.param == field
 
 
+def test_a_request_for_sound_is_refused_naming_audio():
+    from mstar.graph import GenerationParams
+    from mstar.models.cosmos3.model import TinyCosmos3Spec
+
+    spec = TinyCosmos3Spec()
+    with pytest.raises(InvalidParam) as error:
+        spec.validate(GenerationParams(prompt="a dog barks", audio=True))
+    assert error.value.param == "audio" and "sound generation" in str(error.value)
+    assert spec.validate(GenerationParams(prompt="a dog", audio=False)).num_frames == 5  # no sound: fine
+
+
 def test_modes():
     refuse_unbuilt_modes({"prompt": "x", "enable_sound": False, "action": None})
     assert select_mode(1, has_image=False) is Mode.TEXT_TO_IMAGE

@@ -102,3 +102,40 @@ def test_edge_served_at_its_recipe_size_reuses_the_negative_prompt():
     assert tuple(frames.shape) == (121, 480, 832, 3)
     cache = nodes["dit"].pipeline.prefixes
     assert (cache.num_computed, cache.num_hits, cache.num_held) == (3, 1, 0)
+
+
+def test_generation_stack_compiles_once_for_every_pack_on_cuda():
+    """The tiny Cosmos3 as built_dit_node compiles it (deterministic, inductor, pack length dynamic):
+    packs of other sizes, item counts, prefixes and clean frames run on the one compiled graph."""
+    from mstar.engine.compile import compile_methods
+    from mstar.models.cosmos3.config import tiny_cosmos3_config
+
+    config = tiny_cosmos3_config().transformer
+    ours = build_module(lambda: Cosmos3Transformer(config), "cuda", torch.bfloat16, seed=0,
+                        keep_fp32=Cosmos3Transformer.fp32_param_patterns)  # fmt: skip
+    parts = compile_methods(
+        ours, Cosmos3Transformer.compiled_methods, "deterministic", "cosmos3.dit",
+        persistent_rows=True, duck_shapes=False,
+    )  # fmt: skip
+    attention = build_attention("torch", "cuda", torch.bfloat16)
+    dense = PrefixAttention(attention)
+    generator = torch.Generator().manual_seed(0)
+
+    def item(frames, height, width, clean=()):
+        latents = torch.randn(16, frames, height, width, generator=generator).cuda()
+        return VisionInput(latents, 700.0, 24.0, clean)
+
+    def prompt(length):
+        return torch.randint(0, 256, (length,), generator=generator).tolist()
+
+    packs = [
+        [item(2, 8, 8)],
+        [item(2, 8, 8)] * 2,
+        [item(3, 8, 12), item(1, 12, 8), item(2, 8, 8, clean=(0,))],
+        [item(2, 16, 8)] * 4,
+    ]
+    with torch.inference_mode():
+        for index, pack in enumerate(packs):
+            prefixes = [ours.understand(prompt(9 + 5 * i + index), attention) for i in range(len(pack))]
+            ours.generate(pack, StackedPrefixKV(prefixes), dense)
+    assert [part.num_compiles for part in parts.parts] == [1]

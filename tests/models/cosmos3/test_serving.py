@@ -75,6 +75,23 @@ def test_a_repeated_prompt_reuses_its_pages_and_gives_the_same_bytes(edge_folder
     assert_no_pages_held(nodes)
 
 
+def test_the_prefix_cache_changes_nothing_and_the_understanding_runs_once_per_label(edge_folder):
+    """With the prefix cache off every request runs the understanding pathway once per label (not
+    once per step); the frames are byte-identical to a cached server's, cold and warm."""
+    folder, _ = edge_folder
+    spec, uncached = build(folder, enable_prefix_caching=False)
+    _, cached = build(folder)
+    dit = uncached["dit"].pipeline.dit
+    plain = [run_ours(spec, uncached, REQUEST)["frames"] for _ in range(2)]
+    assert dit.num_understanding_forwards == 4  # 2 requests x 2 labels, each over 3 steps
+    assert (prefixes(uncached).num_computed, prefixes(uncached).num_hits) == (4, 0)
+    cold, warm = (run_ours(spec, cached, REQUEST)["frames"] for _ in range(2))
+    assert cached["dit"].pipeline.dit.num_understanding_forwards == 2 and prefixes(cached).num_hits == 2
+    for frames in (plain[1], cold, warm):
+        assert torch.equal(frames, plain[0])
+    assert_no_pages_held(uncached)
+
+
 def _loop(node, requests):
     for request in requests:
         node.prepare(request)
@@ -158,8 +175,8 @@ def test_a_full_pool_fails_the_request_clearly_and_holds_nothing():
     assert_no_pages_held(nodes)
 
 
-def test_cosmos3_makes_an_mp4_over_http(edge_folder):
-    pytest.importorskip("openai")
+def test_cosmos3_makes_an_mp4_over_http_and_refuses_the_modes_it_lacks(edge_folder):
+    openai = pytest.importorskip("openai")
     from mstar.api.app import create_app
     from mstar.api.media import decode_mp4
     from tests.api.live import LiveServer
@@ -181,7 +198,13 @@ def test_cosmos3_makes_an_mp4_over_http(edge_folder):
             video = client.videos.retrieve(video.id)
         assert video.status == "completed", video
         frames = decode_mp4(client.videos.download_content(video.id).read())
+        refused = {}
+        for field, value in (("audio", True), ("action", "0.1 0.2"), ("enable_sound", True)):
+            with pytest.raises(openai.BadRequestError) as error:  # sound and action modes: not built
+                client.videos.create(model="tiny-cosmos3", prompt="a dog barks", extra_body={field: value})
+            refused[field] = error.value.body["param"]
     assert frames.shape == (5, 48, 32, 3) and frames.std() > 0
+    assert refused == {"audio": "audio", "action": "action", "enable_sound": "enable_sound"}
 
 
 def test_cosmos3_makes_an_image_over_http(edge_folder, served):
