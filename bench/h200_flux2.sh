@@ -10,6 +10,10 @@
 #
 #   bash bench/h200_flux2.sh        on the GPU, carrying .whl_pack and .whl_otel   ~8-9 min
 #   bash bench/h200_flux2.sh tiny   the same plumbing on the CPU (tiny configs)    ~3 min
+#   bash bench/h200_flux2.sh step   part 3 alone, ours with and without triton_kernels, each
+#                                   compiled deterministic and default, beside diffusers compiled
+#                                   (carrying .whl_pack)                           ~6-8 min
+#   bash bench/h200_flux2.sh step-tiny   the step part's plumbing on the CPU       ~2 min
 # Results in $OUT/flux2 (default ./bench-results/flux2): each part's JSON and output, the server
 # log; a table printed last. Every part runs within what is left of CALL_BUDGET_S (560), so the
 # call ends inside 10 minutes and keeps what was measured.
@@ -29,12 +33,17 @@ case "$mode" in
     served=tests.models.flux2_klein.tiny_parts:TinyFlux2KleinSpec size=64x64 workload=tiny-flux2
     step_workload=tiny-flux2-c2 steps=(--steps 2) server_flags=(--random-weights --device cpu)
     diffusers_flags=(--device cpu) step_flags=(--tiny --device cpu --compile-modes off --diffusers-modes eager) ;;
-  *) echo "usage: bash bench/h200_flux2.sh [gpu|tiny]" >&2; exit 2 ;;
+  step)
+    step_workload=flux2-1024-b1 step_modes=deterministic,default diffusers_step_modes=compiled
+    step_flags=(--device cuda --attention-backends "${ATTENTION_BACKEND:-fa3}") ;;
+  step-tiny)
+    step_workload=tiny-flux2-c2 step_modes=off diffusers_step_modes=eager step_flags=(--tiny --device cpu) ;;
+  *) echo "usage: bash bench/h200_flux2.sh [gpu|tiny|step|step-tiny]" >&2; exit 2 ;;
 esac
 out="${OUT:-$PWD/bench-results}/flux2"
 mkdir -p "$out"
 source "$(dirname "$0")/lib.sh"  # unpack_wheels, guarded, ready, stop_server
-if [ "$mode" = gpu ]; then
+if [ "$mode" = gpu ] || [ "$mode" = step ]; then
   unpack_wheels || exit 1  # the GPU machine's wheels: server, diffusers, fa3
   nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 fi
@@ -64,6 +73,41 @@ serve() {  # our server: the first t2i request and the first edit, each against 
   grep -h "not compiled yet\|recompiled in traffic" "$log" | tail -4
   stop_server
 }
+
+if [ "${mode#step}" != "$mode" ]; then  # the step alone: one JSON with the kernels, one without
+  for kernels in 1 0; do  # diffusers compiled timed in the first; the second keeps its eager reference
+    modes=$([ "$kernels" = 1 ] && echo "$diffusers_step_modes")
+    MSTAR_FUSE_PROJECTIONS=1 MSTAR_TRITON_KERNELS=$kernels guarded "step-kernels-$kernels" "$(left_s)" \
+      "$PYTHON" -m mstar.cli bench step --workloads "$step_workload" "${step_flags[@]}" \
+      --compile-modes "$step_modes" --diffusers-modes "$modes" --num-warmup 3 --num-timed 10 \
+      -o "$out/step-kernels-$kernels.json"
+  done
+  "$PYTHON" - "$out" "$step_workload" <<'EOF'
+import json, sys
+from pathlib import Path
+
+out, workload = Path(sys.argv[1]), sys.argv[2]
+rows, compiled = [], None
+for kernels in ("1", "0"):
+    path = out / f"step-kernels-{kernels}.json"
+    runs = ((json.loads(path.read_text()).get("results") or [{}])[0] if path.exists() else {}).get("runs", [])
+    for run in runs:
+        if run.get("impl") == "diffusers":
+            compiled = run if run.get("mode") == "compiled" else compiled
+            rows.append((f"diffusers {run.get('mode')}", run))
+        else:
+            rows.append((f"ours {run.get('mode')}, triton_kernels {'on' if kernels == '1' else 'off'}", run))
+print(f"\n| DiT step {workload} | ms | / diffusers compiled | roofline fraction | PSNR dB vs diffusers |")
+print("|---|---|---|---|---|")
+for name, run in rows:
+    ms = run.get("median_ms")
+    ratio = ms / compiled["median_ms"] if compiled and ms else None
+    cells = [ms, ratio, run.get("roofline_fraction"), run.get("psnr_db")]
+    print(f"| {name} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
+EOF
+  echo "== flux2 step: ${SECONDS}s; results in $out"
+  exit 0
+fi
 
 serve
 guarded diffusers 150 "$PYTHON" -m mstar.cli bench diffusers --workloads "$workload" --modes eager \

@@ -30,11 +30,12 @@ from mstar.engine.transfer import to_device
 from mstar.models.flux2_klein.config import TransformerConfig, from_json_dict
 from mstar.models.flux2_klein.dit_layers import (
     DoubleStreamBlock,
+    DoubleStreamBlocks,
     Modulation,
     OutputNorm,
     SingleStreamBlock,
+    SingleStreamBlocks,
     TimeGuidanceEmbed,
-    per_token,
 )
 from mstar.models.flux2_klein.geometry import REFERENCE_TIME_STEP, StepTokens
 
@@ -171,10 +172,10 @@ class Flux2DiT(nn.Module):
         self.single_stream_modulation = Modulation(dim, 1)
         self.x_embedder = nn.Linear(config.in_channels, dim, bias=False)
         self.context_embedder = nn.Linear(config.joint_attention_dim, dim, bias=False)
-        self.transformer_blocks = nn.ModuleList(
+        self.transformer_blocks = DoubleStreamBlocks(
             DoubleStreamBlock(dim, heads, head_dim, mlp, eps) for _ in range(config.num_layers)
         )
-        self.single_transformer_blocks = nn.ModuleList(
+        self.single_transformer_blocks = SingleStreamBlocks(
             SingleStreamBlock(dim, heads, head_dim, mlp, eps) for _ in range(config.num_single_layers)
         )
         self.norm_out = OutputNorm(dim, eps)
@@ -300,16 +301,8 @@ class Flux2DiT(nn.Module):
 
     def run_blocks(self, txt, img, rows: ItemRows, packed: PackedTokens, attn) -> torch.Tensor:
         """Double-stream then single-stream blocks; returns the joint tokens [T, dim]."""
-        maps = packed.maps
-        img_mod = per_token(rows.image, maps.image_item).chunk(6, dim=-1)  # 6 x [Ti, dim]
-        txt_mod = per_token(rows.text, maps.text_item).chunk(6, dim=-1)  # 6 x [Tt, dim]
-        for block in self.transformer_blocks:
-            txt, img = block(txt, img, txt_mod, img_mod, packed, attn)
-        joint = packed.joint(txt, img)
-        single_mod = per_token(rows.single, maps.joint_item).chunk(3, dim=-1)  # 3 x [T, dim]
-        for block in self.single_transformer_blocks:
-            joint = block(joint, single_mod, packed, attn)
-        return joint
+        txt, img = self.transformer_blocks(txt, img, rows, packed, attn)
+        return self.single_transformer_blocks(packed.joint(txt, img), rows, packed, attn)
 
     @staticmethod
     def _image_tokens(item: DiTInput, dtype: torch.dtype) -> torch.Tensor:

@@ -213,6 +213,30 @@ class SingleStreamBlock(nn.Module):
         return x + gate * self.attn(modulated_norm(x, self.norm, shift, scale), packed, attn)
 
 
+class DoubleStreamBlocks(nn.ModuleList):
+    """The double-stream blocks in order (keys `transformer_blocks.N.*`). Every block takes the same
+    modulation rows per stream (one global modulation each): `rows` holds them per item (ItemRows),
+    gathered per token here once for all blocks."""
+
+    def forward(self, txt, img, rows, packed, attn) -> tuple[torch.Tensor, torch.Tensor]:
+        img_mod = per_token(rows.image, packed.maps.image_item).chunk(6, dim=-1)  # 6 x [Ti, dim]
+        txt_mod = per_token(rows.text, packed.maps.text_item).chunk(6, dim=-1)  # 6 x [Tt, dim]
+        for block in self:
+            txt, img = block(txt, img, txt_mod, img_mod, packed, attn)
+        return txt, img
+
+
+class SingleStreamBlocks(nn.ModuleList):
+    """The single-stream blocks in order (keys `single_transformer_blocks.N.*`) over the joint
+    tokens, all with the same (shift, scale, gate) rows per item (ItemRows.single)."""
+
+    def forward(self, joint: torch.Tensor, rows, packed, attn) -> torch.Tensor:
+        mod = per_token(rows.single, packed.maps.joint_item).chunk(3, dim=-1)  # 3 x [T, dim]
+        for block in self:
+            joint = block(joint, mod, packed, attn)
+        return joint
+
+
 class OutputNorm(nn.Module):
     """AdaLayerNormContinuous(elementwise_affine=False, bias=False): keys `norm_out.linear`; its
     rows are (scale, shift), in that order."""

@@ -9,8 +9,11 @@ every single-stream block's attention for one whose fused qkv+MLP projection hol
 keys in rotary halves order (mstar.models.rotary): rotary then reads two contiguous halves, for
 queries and keys in one pass. Scores are dot products over a head, the same in any common feature
 order; the per-head q/k RMS norms take their weights in that order; values (and so outputs) keep
-theirs. The FFNs' gate and up projections are one `linear_in` in the checkpoint already. FLUX.2 has
-no hand-written kernels yet: with `kernels` (on by default on CUDA) the fused modules run alone.
+theirs. The FFNs' gate and up projections are one `linear_in` in the checkpoint already.
+
+`kernels` (with `fuse`; the server's triton_kernels option) swaps in the modules that call the
+hand-written Triton ops (mstar.models.flux2_klein.kernel_blocks): the q/k norms + rotary, and both
+stacks' residual updates with the modulated LayerNorms after them.
 """
 
 from __future__ import annotations
@@ -25,13 +28,27 @@ from mstar.models.rotary import halves_order
 
 
 def optimize(dit: Flux2DiT, fuse: bool, kernels: bool) -> Flux2DiT:
-    """The same model with its fused modules swapped in (in place; the unfused weights are dropped)."""
-    del kernels  # none of FLUX.2's own yet
+    """The same model with its fused (and, with `kernels`, kernel-calling) modules swapped in (in
+    place; the unfused weights are dropped)."""
+    if kernels and not fuse:
+        raise ValueError("the FLUX.2 kernels need fused projections (fuse=True)")
+    joint, parallel = FusedJointAttention, FusedParallelSelfAttention
+    if kernels:
+        import mstar.engine.kernels.qk_norm_rotary  # noqa: F401  registers the ops
+        import mstar.engine.kernels.residual_layer_norm  # noqa: F401
+        from mstar.models.flux2_klein import kernel_blocks
+
+        joint, parallel = kernel_blocks.KernelJointAttention, kernel_blocks.KernelParallelSelfAttention
     if fuse:
         for block in dit.transformer_blocks:
-            block.attn = FusedJointAttention(block.attn)
+            block.attn = joint(block.attn)
         for block in dit.single_transformer_blocks:
-            block.attn = FusedParallelSelfAttention(block.attn)
+            block.attn = parallel(block.attn)
+    if kernels:
+        dit.transformer_blocks = kernel_blocks.KernelDoubleStreamBlocks(list(dit.transformer_blocks))
+        dit.single_transformer_blocks = kernel_blocks.KernelSingleStreamBlocks(
+            list(dit.single_transformer_blocks)
+        )
     return dit
 
 

@@ -110,19 +110,35 @@ def test_compiled_dit_does_not_recompile_across_sizes_and_references():
     assert nodes["dit"].num_recompiles() == 0
 
 
-def test_fused_real_size_dit_matches_eager_on_a_mixed_pack():
-    """optimize() at klein 4B's real size in bf16 on the GPU: a 1024x1024 text-to-image item and a
+@pytest.mark.parametrize(
+    ("kernels", "compile_mode"),
+    [(False, "off"), (True, "off"), (True, "deterministic")],
+    ids=["fused", "kernels", "kernels-compiled"],
+)
+def test_optimized_real_size_dit_matches_eager_on_a_mixed_pack(kernels, compile_mode):
+    """optimize() at klein 4B's real size in bf16 on the GPU (fused projections, then the Triton
+    kernels, eagerly and launched from the compiled graph): a 1024x1024 text-to-image item and a
     768x512 edit with two references in one pack, against the eager model on the same weights."""
     import copy
 
     from mstar.engine.attention import build_attention
-    from mstar.models.flux2_klein.dit import DiTInput
+    from mstar.engine.compile import compile_methods
+    from mstar.models.flux2_klein.dit import DiTInput, Flux2DiT
     from mstar.models.flux2_klein.optimize import optimize
     from mstar.models.flux2_klein.weights import build_dit
 
     config = KLEIN_4B.transformer
     eager = build_dit(config, "cuda", torch.bfloat16, seed=0)
-    fused = optimize(copy.deepcopy(eager), fuse=True, kernels=True)
+    fused = optimize(copy.deepcopy(eager), fuse=True, kernels=kernels)
+    if compile_mode != "off":
+        compile_methods(
+            fused,
+            Flux2DiT.compiled_methods,
+            compile_mode,
+            "flux2.dit",
+            persistent_rows=True,
+            duck_shapes=False,
+        )
     generator = torch.Generator("cuda").manual_seed(0)
 
     def grid(rows, cols):
