@@ -25,14 +25,21 @@ from dataclasses import dataclass
 
 ROOT_HASH = b"mstar-kv-root"
 HASH_BYTES = 16
+TOKEN_TYPECODE = "q"  # a token id packed as 8 bytes for hashing
 
 
 def page_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     """The key of a full page: its tokens chained with the hash of the prefix before it (blake2b,
     128 bits: a collision would silently serve another prompt's keys, so no 64-bit hash)."""
-    digest = hashlib.blake2b(parent, digest_size=HASH_BYTES)
-    digest.update(array("q", tokens).tobytes())
-    return digest.digest()
+    return _chained(parent, _packed(tokens))
+
+
+def _packed(tokens: Sequence[int]) -> bytes:
+    return array(TOKEN_TYPECODE, tokens).tobytes()
+
+
+def _chained(parent: bytes, packed_tokens: bytes) -> bytes:
+    return hashlib.blake2b(parent + packed_tokens, digest_size=HASH_BYTES).digest()
 
 
 def root_hash(namespace: str = "") -> bytes:
@@ -48,14 +55,12 @@ def prefix_hashes(tokens: Sequence[int], page_tokens: int, namespace: str = "") 
 
 def chain_hashes(parent: bytes, tokens: Sequence[int], page_tokens: int) -> list[bytes]:
     """page_hash of every full page of `tokens`, each chained to the one before (the first to
-    `parent`); the tokens are packed once, not page by page (a 2k-token prompt has 128 pages), and
-    each page is one blake2b call over parent + page (what page_hash's update adds up to)."""
-    packed = array("q", tokens).tobytes()
-    page_bytes = 8 * page_tokens
-    blake2b = hashlib.blake2b
+    `parent`); the tokens are packed once, not page by page (a 2k-token prompt has 128 pages)."""
+    packed = _packed(tokens)
+    page_bytes = array(TOKEN_TYPECODE).itemsize * page_tokens
     hashes: list[bytes] = []
     for start in range(0, (len(tokens) // page_tokens) * page_bytes, page_bytes):
-        parent = blake2b(parent + packed[start : start + page_bytes], digest_size=HASH_BYTES).digest()
+        parent = _chained(parent, packed[start : start + page_bytes])
         hashes.append(parent)
     return hashes
 
