@@ -42,14 +42,20 @@ class LoraRows:
     None: one segment over every row).
     slots: int64 [S, K], slot ids (0: the zero slot, for padding). scales: [S, K] (0 for padding).
     step_slots: int64 [n], the step's distinct slots (at least MIN_SEGMENTS, padded with 0).
-    mix: [S, K, n], scales[s, k] where step_slots[b] is slots[s, k], else 0 (the concat path).
     """
 
     ends: torch.Tensor | None
     slots: torch.Tensor
     scales: torch.Tensor
     step_slots: torch.Tensor
-    mix: torch.Tensor
+
+    @property
+    def mix(self) -> torch.Tensor:
+        """[S, K, n]: scales[s, k] where step_slots[b] is slots[s, k] (a real slot), else 0 (where
+        the concat path places each adapter's columns); derived on the device when used."""
+        slots = self.slots[:, :, None]
+        placed = (slots == self.step_slots) & (slots != 0)
+        return torch.where(placed, self.scales[:, :, None], torch.zeros((), dtype=self.scales.dtype))
 
     @classmethod
     def build(
@@ -91,19 +97,11 @@ class LoraRows:
             raise ValueError("slot ids are >= 0 (0 is the zero slot)")
         step = sorted({slot for row in slots for slot in row if slot})
         step += [0] * (MIN_SEGMENTS - len(step))  # a dimension of size 1 would be specialised
-        mix = [
-            [
-                [scale if slot and slot == other else 0.0 for other in step]
-                for slot, scale in zip(row, row_scales, strict=True)
-            ]
-            for row, row_scales in zip(slots, scales, strict=True)
-        ]
         return cls(
             ends=None if ends is None else to_device(torch.tensor(ends, dtype=torch.int32), device),
             slots=to_device(torch.tensor(slots, dtype=torch.int64), device),
             scales=to_device(torch.tensor(scales, dtype=dtype), device),
             step_slots=to_device(torch.tensor(step, dtype=torch.int64), device),
-            mix=to_device(torch.tensor(mix, dtype=dtype), device),
         )
 
 
@@ -172,13 +170,9 @@ class SegmentedLoraLinear(nn.Linear):
 
 def lora_delta(x: torch.Tensor, a: torch.Tensor, bs: list[torch.Tensor], rows: LoraRows) -> torch.Tensor:
     """sum_k scale_k * (x_seg @ A_k) @ B_k per segment; x [T, in] -> [T, sum(out_j)] in x's dtype."""
-    if _grouped_mm_takes(x, a, bs):
+    if grouped_mm_takes(x, a, *bs):
         return grouped_lora_delta(x, a, bs, rows)
     return reference_lora_delta(x, a, bs, rows)
-
-
-def _grouped_mm_takes(x: torch.Tensor, a: torch.Tensor, bs: list[torch.Tensor]) -> bool:
-    return grouped_mm_takes(x, a, *bs)
 
 
 def grouped_lora_delta(
