@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # FLUX.2 [klein] 4B on one GPU in one call (random weights, bf16, 1024x1024, the pipeline's 50 steps):
 #   1. our server, 1024x1024 compiled at warmup: the first text-to-image request after /ready
-#      against steady c=1 (serve-suite: p50, peak GiB), then the first edit with two 1024x1024
-#      references against steady edits (bench/edit_latency.py: where the cold edit's time went,
+#      against steady c=1 (serve-suite: p50, peak GiB), images a minute at c=4 and c=8, then the
+#      first edit with two 1024x1024 references against steady edits (bench/edit_latency.py: where the cold edit's time went,
 #      node by node), recompiles in traffic from /metrics, first calls served eagerly from the log;
 #   2. diffusers' Flux2KleinPipeline eager end to end at the same size and steps (c=1 p50, peak GiB);
 #   3. our DiT step (deterministic compile) against diffusers' compiled transformer, same weights:
 #      ms, roofline fraction, PSNR against diffusers eager.
 #
 #   bash bench/h200_flux2.sh        on the GPU, carrying .whl_pack and .whl_otel   ~8-9 min
+#   bash bench/h200_flux2.sh e2e    parts 1 and 2 alone                            ~5-6 min
 #   bash bench/h200_flux2.sh tiny   the same plumbing on the CPU (tiny configs)    ~3 min
 #   bash bench/h200_flux2.sh step   part 3 alone, ours with and without triton_kernels, each
 #                                   compiled deterministic and default, beside diffusers compiled
@@ -24,7 +25,7 @@ PYTHON=${PYTHON:-python3}
 mode=${1:-gpu}
 steady=${NUM_STEADY:-3}
 case "$mode" in
-  gpu)
+  gpu|e2e)
     served=flux2-klein-4b size=1024x1024 workload=flux2-1024 step_workload=flux2-1024-b1 steps=()
     server_flags=(--random-weights --device cuda --attention-backend "${ATTENTION_BACKEND:-fa3}")
     diffusers_flags=(--device cuda) step_flags=(--device cuda --attention-backends "${ATTENTION_BACKEND:-fa3}"
@@ -64,8 +65,11 @@ serve() {  # our server: the first t2i request and the first edit, each against 
   local boot_s=$((SECONDS - started))
   echo "serve: ready after ${boot_s}s"
   guarded t2i 200 "$PYTHON" -m mstar.cli bench serve-suite --base-url http://127.0.0.1:8765 \
-    --workload "$workload" --model flux2-klein-4b --boot-s "$boot_s" --num-steady "$steady" --num-high 0 \
-    --num-mixed 0 --max-duration $(($(left_s) - 30)) -o "$out/t2i.json"
+    --workload "$workload" --model flux2-klein-4b --boot-s "$boot_s" --num-steady "$steady" \
+    --high-concurrency 4 --num-high 8 --num-mixed 0 --max-duration $(($(left_s) - 30)) -o "$out/t2i.json"
+  guarded t2i-c8 120 "$PYTHON" -m mstar.cli bench serve-suite --base-url http://127.0.0.1:8765 \
+    --workload "$workload" --model flux2-klein-4b --num-steady 0 --high-concurrency 8 --num-high 16 \
+    --num-mixed 0 --max-duration $(($(left_s) - 30)) -o "$out/t2i-c8.json"
   guarded edit 200 "$PYTHON" bench/edit_latency.py --base-url http://127.0.0.1:8765 --model flux2-klein-4b \
     --num-references 2 --size "$size" --num-steady "$steady" "${steps[@]}" -o "$out/edit.json"
   echo "first calls served eagerly while they compiled: $(grep -c 'not compiled yet' "$log")"
@@ -112,7 +116,7 @@ fi
 serve
 guarded diffusers 150 "$PYTHON" -m mstar.cli bench diffusers --workloads "$workload" --modes eager \
   --num-warmup 1 --num-timed 3 "${steps[@]}" "${diffusers_flags[@]}" -o "$out/diffusers.json"
-guarded step "$(left_s)" "$PYTHON" -m mstar.cli bench step --workloads "$step_workload" "${step_flags[@]}" \
+[ "$mode" = e2e ] || guarded step "$(left_s)" "$PYTHON" -m mstar.cli bench step --workloads "$step_workload" "${step_flags[@]}" \
   --num-warmup 3 --num-timed 10 -o "$out/step.json"
 
 "$PYTHON" - "$out" "$size" <<'EOF'
@@ -131,7 +135,7 @@ def fmt(value, digits=3):
 def ratio(a, b):
     return a / b if a is not None and b else None
 
-t2i, edit = load("t2i").get("summary", {}), load("edit")
+t2i, edit, t2i_c8 = load("t2i").get("summary", {}), load("edit"), load("t2i-c8").get("summary", {})
 diffusers = (load("diffusers").get("results") or [{}])[0]
 runs = ((load("step").get("results") or [{}])[0]).get("runs", [])
 ours = next((r for r in runs if r.get("impl") == "mstar"), {})
@@ -149,6 +153,10 @@ rows = [
      else edit_recompiles["at_end"] - edit_recompiles["at_start"], None),
     ("c=1 p50 s: ours, diffusers eager (goal: <= 0.6)", t2i.get("steady_p50_s"),
      diffusers.get("latency_p50_s"), ratio(t2i.get("steady_p50_s"), diffusers.get("latency_p50_s"))),
+    ("images per minute: c=1, c=4", t2i.get("per_minute_c1"), t2i.get("per_minute_c4"),
+     t2i.get("throughput_ratio")),
+    ("images per minute: c=8", t2i_c8.get("per_minute_c8"), None, ratio(t2i_c8.get("per_minute_c8"),
+     t2i.get("per_minute_c1"))),
     ("peak GiB: ours c=1 (allocated), diffusers", t2i.get("peak_gpu_allocated_c1_gib"),
      diffusers.get("peak_memory_gib"), None),
     ("DiT step ms: ours, diffusers compiled (goal: < 1)", ours.get("median_ms"), compiled.get("median_ms"),
