@@ -12,7 +12,9 @@ cached, plus `--own-tokens` of its own, one output token. Two parts, each the me
   launch: schedule with the prefix lookup, the layout, the tail as decode rows, the attention plan,
   the graph replay or the eager forward, the sampler) and to its token read back, with the host ms
   of each part, and the same for a miss (a fresh system prompt) for comparison.
-`--device cpu` runs the node on the CPU (every part but the device's is what the GPU host does).
+`--device cpu` runs the node on the CPU (every part but the device's is what the GPU host does);
+`--tiny-width` keeps the model's layer count and vocabulary but shrinks every width, so the CPU
+runs the host's per-layer and per-token work of the real model without its arithmetic.
 """
 
 from __future__ import annotations
@@ -76,6 +78,13 @@ def front_ms(vocab_size: int, num_prompt: int, context_length: int, num_runs: in
     result = {name: _median_ms(values[NUM_WARMUP_RUNS:]) for name, values in times.items()}
     result["total"] = round(sum(result.values()), 3)
     return result
+
+
+def tiny_width(config: Any) -> Any:
+    """`config`'s layers and vocabulary with small widths (the host work of a step, cheap math)."""
+    return config.with_changes(
+        hidden_size=128, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=32
+    )
 
 
 def instrument_hit(node: Any) -> PartTimer:
@@ -174,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compile-mode", default="deterministic", help="the server's compile_mode")
+    parser.add_argument("--tiny-width", action="store_true", help="the layers, with small widths")
     parser.add_argument("--max-num-seqs", type=int, default=1, help="the server's (the bench's c=1)")
     parser.add_argument("-o", "--output", default="llm-hit-profile.json")
     args = parser.parse_args(argv)
@@ -181,12 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     from mstar.models.qwen3.config import QWEN3_CONFIGS
 
     config = QWEN3_CONFIGS[args.model]
+    if args.tiny_width:
+        config = tiny_width(config)
     num_prompt = args.shared_tokens + args.own_tokens
-    result: dict[str, Any] = {"model": args.model, "shared_tokens": args.shared_tokens}
+    result: dict[str, Any] = {"model": args.model, "tiny_width": args.tiny_width}
+    result["shared_tokens"] = args.shared_tokens
     result["own_tokens"] = args.own_tokens
     result["front_ms"] = front_ms(config.vocab_size, num_prompt, config.max_position_embeddings, args.runs)
     print(json.dumps({"front_ms": result["front_ms"]}), flush=True)
-    node, _ = build(args.model, args.max_num_seqs, args.device, args.compile_mode)
+    node, _ = build(args.model, args.max_num_seqs, args.device, args.compile_mode, config)
     result["node"] = node_ms(node, config.vocab_size, args.shared_tokens, args.own_tokens, args.runs)
     result["recompiles_after_warmup"] = node.num_recompiles()
     print(json.dumps(result, indent=1), flush=True)
