@@ -131,7 +131,10 @@ def test_a_token_id_outside_the_vocabulary_is_named():
             return 4096
 
     frontend = TextFrontend(Spec(), None)
-    assert frontend.completion_prompt([0, 511, 7]) == [0, 511, 7]
+    ids = [0, 511, 7]
+    assert frontend.completion_prompt(ids) == ids and frontend.completion_prompt(ids) is not ids
+    with pytest.raises(InvalidParam, match="token id True is outside"):
+        frontend.completion_prompt([1, True])
     for bad, first in (([3, 512, -1], 512), ([3, -1, 512], -1)):
         with pytest.raises(InvalidParam, match=f"token id {first} is outside the vocabulary"):
             frontend.completion_prompt(bad)
