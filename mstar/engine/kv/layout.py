@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -136,9 +136,9 @@ class PagedLayout:
     def new_positions(self) -> np.ndarray:
         """int64 [total_q]: the position in its sequence of every new token (rotary embeddings)."""
         q = np.asarray(self.q_lens, dtype=np.int64)
-        starts = np.asarray(self.kv_lens, dtype=np.int64) - q
-        within = np.arange(self.total_q, dtype=np.int64) - np.repeat(_indptr(self.q_lens)[:-1], q)
-        return np.repeat(starts, q) + within
+        # token t of segment i is at kv_lens[i] - q_lens[i] + (t - qo_indptr[i])
+        offsets = np.asarray(self.kv_lens, dtype=np.int64) - q - self.qo_indptr[:-1]
+        return np.arange(self.total_q, dtype=np.int64) + np.repeat(offsets, q)
 
     @cached_property
     def gather_slots(self) -> np.ndarray:
@@ -166,20 +166,36 @@ class PagedLayout:
             raise ValueError("paged layout: only a causal layout runs as decode rows")
         kv_lens: list[int] = []
         page_ids: list[tuple[int, ...]] = []
+        ends, counts = [], []
         indices: list[np.ndarray] = []  # the page table, gathered from each segment's pages at once
         for q_len, kv_len, ids in zip(self.q_lens, self.kv_lens, self.page_ids, strict=True):
-            ends = np.arange(kv_len - q_len + 1, kv_len + 1)
-            counts = -(-ends // self.page_tokens)  # pages of each row
-            kv_lens += ends.tolist()
-            page_ids += [ids[:count] for count in counts.tolist()]
-            indices.append(np.asarray(ids, dtype=np.int32)[_concatenated_ranges(counts)])
+            row_ends = np.arange(kv_len - q_len + 1, kv_len + 1)
+            row_counts = -(-row_ends // self.page_tokens)  # pages of each row
+            kv_lens += row_ends.tolist()
+            page_ids += [ids[:count] for count in row_counts.tolist()]
+            indices.append(np.asarray(ids, dtype=np.int32)[_concatenated_ranges(row_counts)])
+            ends.append(row_ends)
+            counts.append(row_counts)
         rows = PagedLayout.build([1] * len(kv_lens), kv_lens, page_ids, self.page_tokens, len(kv_lens))
-        return rows.with_page_indices(np.concatenate(indices))
+        row_ends = np.concatenate(ends)
+        # what the rows' arrays would be built as, known here at once: the page table from the
+        # segments', the slots and positions the same as this layout's (the same tokens in order)
+        return rows._with_arrays(
+            kv_page_indices=np.concatenate(indices),
+            kv_page_indptr=_indptr(np.concatenate(counts)),
+            kv_last_page_lens=((row_ends - 1) % self.page_tokens + 1).astype(np.int32),
+            write_slots=self.write_slots,
+            new_positions=self.new_positions,
+        )
 
     def with_page_indices(self, indices: np.ndarray) -> PagedLayout:
         """This layout with its flat page table already known (int32, every row's pages in order:
         what kv_page_indices would build entry by entry); returns self."""
-        self.__dict__["kv_page_indices"] = indices  # the cached_property's slot (frozen fields stay)
+        return self._with_arrays(kv_page_indices=indices)
+
+    def _with_arrays(self, **arrays: np.ndarray) -> PagedLayout:
+        """Set cached arrays known to equal what their properties would build; returns self."""
+        self.__dict__.update(arrays)  # the cached_properties' slots (the frozen fields stay)
         return self
 
     @property
@@ -211,6 +227,6 @@ def _concatenated_ranges(counts: np.ndarray) -> np.ndarray:
 
 
 def _indptr(lengths: Sequence[int]) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=out[1:])
-    return out
+    """int32 [len + 1]: 0, then the running sums (one C loop; np.cumsum into a slice of zeros
+    costs several times more for the few segments of a step)."""
+    return np.fromiter(accumulate(lengths, initial=0), dtype=np.int32, count=len(lengths) + 1)
