@@ -89,19 +89,31 @@ def tiny_width(config: Any) -> Any:
 
 def instrument_hit(node: Any) -> PartTimer:
     from mstar.engine.kv.layout import PagedLayout
+    from mstar.engine.kv.pages import PageTable
     from mstar.llm import sampling
+    from mstar.llm.runner import StagedInputs
     from mstar.llm.scheduler import StepPlan
+    from mstar.llm.sequence import Sequence
 
     timer = PartTimer()
     timer.wrap(node, "prepare", "prepare")
     timer.wrap(node, "_launch", "launch (all below)")
     timer.wrap(node.scheduler, "schedule", "schedule")
+    timer.wrap(Sequence, "page_hashes", "schedule: page_hashes (and register's)")
+    timer.wrap(PageTable, "match_prefix", "schedule: match_prefix")
     timer.wrap(StepPlan, "layout", "plan.layout")
+    timer.wrap(StagedInputs, "of", "stage inputs (one copy)")
     timer.wrap(PagedLayout, "as_decode_rows", "as_decode_rows")
-    timer.wrap(node.runner.attention, "plan", "attention.plan")
+    attention = node.runner.attention
+    timer.wrap(attention, "plan", "attention.plan")
+    timer.wrap(attention, "_host_rows", "attention.plan: write rows")
+    timer.wrap(type(attention._ring[0]), "_plan_kernel", "attention.plan: kernel plan")
     if node.runner.graphs is not None:
+        import torch
+
         timer.wrap(node.runner.graphs, "graph_layout", "graph_layout (with as_decode_rows)")
         timer.wrap(node.runner.graphs, "run", "graphs.run (with attention.plan)")
+        timer.wrap(torch.cuda.CUDAGraph, "replay", "graphs.run: replay")
     timer.wrap(node.runner.model, "forward", "eager forward (with attention.plan)")
     timer.wrap(node.runner.sampler, "launch", "sampler.launch")
     timer.wrap(sampling.PendingSamples, "read", "samples.read")
