@@ -204,14 +204,14 @@ def test_every_path_equals_the_definition_in_float64(path, bias):
             torch.testing.assert_close(layer(x[None]), expected[None], rtol=1e-12, atol=1e-12)
 
 
-def test_rule_picks_epilogue_for_the_families_shapes_and_concat_only_where_it_moves_fewer_bytes():
-    # every family shape at the bench's 4 slots of rank 32 (and the defaults, 8 of 64): epilogue
+def test_rule_picks_grouped_for_the_families_shapes_and_concat_only_where_it_moves_fewer_bytes():
+    # every family shape at the bench's 4 slots of rank 32 (and the defaults, 8 of 64): grouped
     for i, o, j in ((3072, 3072, 1), (3072, 14336, 1), (3072, 9216, 3), (3840, 20480, 2), (3072, 27648, 1)):
         for slots, rank in ((4, 32), (8, 64)):
-            assert choose_path(i, o, j, slots, rank, many_rows=True) == "epilogue"
+            assert choose_path(i, o, j, slots, rank, many_rows=True) == "grouped"
     # a very wide output, one slot of rank 8: the n-fold extra K and the weight copy are small
     assert choose_path(3072, 65536, 1, 1, 8, many_rows=True) == "concat"
-    assert choose_path(3072, 65536, 1, 1, 8, many_rows=False) == "epilogue"
+    assert choose_path(3072, 65536, 1, 1, 8, many_rows=False) == "grouped"
     cost = path_bytes_per_row(3072, 9216, 3, 4, 32, 4096)
     assert cost["epilogue"] < cost["grouped"]  # the cat of three slices is gone
 
@@ -264,4 +264,4 @@ def test_bench_runs_on_tiny_shapes(capsys):
     assert set(timings) == {"base", *PATHS}
     bench_load("tiny", 2, [(16, 48), (48, 16)], device="cpu")
     out = capsys.readouterr().out
-    assert "rule picks epilogue" in out and "copy to slot" in out
+    assert "rule picks grouped" in out and "copy to slot" in out

@@ -13,9 +13,9 @@ DiT forward and read by every wrapped layer (as attention plans are): `LoraRows`
 pack lengths are dynamic dimensions: one graph serves every step with adapters (one more for steps
 with none, which run the base layer alone).
 
-How a layer adds the update is its `lora_path` (paths.py: "epilogue", "concat", or "grouped",
-this file's `torch._grouped_mm` shrink and per-slice expands, the CUDA grouped GEMM in bf16 on
-Hopper, a loop of matmuls on the CPU); `reference_lora_delta` is the plain per-segment definition.
+How a layer adds the update is its `lora_path` (paths.py: "grouped", "epilogue", or "concat";
+"grouped" is this file's `torch._grouped_mm` shrink and per-slice expands, the CUDA grouped GEMM
+in bf16 on Hopper, a loop of matmuls on the CPU); `reference_lora_delta` is the plain per-segment definition.
 Compiled float32 (which `_grouped_mm` does not trace) takes a loop over the segments.
 """
 
@@ -132,7 +132,7 @@ class SegmentedLoraLinear(nn.Linear):
         max_rank: int,
         context: LoraContext,
         layout: str,
-        path: str = "epilogue",
+        path: str = "grouped",
     ):
         if sum(slice_features) != base.out_features:
             raise ValueError(f"slices {list(slice_features)} do not add up to {base.out_features} outputs")

@@ -23,9 +23,8 @@ percent of it, so what a path costs is its passes over [T, *] activations (bytes
 
 The rule (`choose_path`, static per Linear: no recompiles): "concat" where it moves fewer bytes
 than "epilogue" with every slot in the step, on a layout its family marks as many rows (costed at
-MIN_PACKED_ROWS: one request's tokens), else "epilogue"; "grouped" stays for comparison
-(`python -m mstar.engine.lora.bench` times all three on each family's shapes). Bytes per row at
-4096 rows, R = 32, k = 1, 4 slots (grouped with its cat unfused for J > 1):
+MIN_PACKED_ROWS: one request's tokens), else "grouped". Bytes per row at 4096 rows, R = 32, k = 1,
+4 slots (grouped with its cat unfused for J > 1):
     Linear (I -> O, J)                     grouped  epilogue   concat
     Wan / FLUX.2 attention out  3072 -> 3072  1    18432    18432    25820
     Wan FFN in                  3072 -> 14336 1    63488    63488    75438
@@ -36,7 +35,15 @@ MIN_PACKED_ROWS: one request's tokens), else "epilogue"; "grouped" stays for com
 Concat loses on the per-step weight copy (4*O*I bytes over 4096 rows is ~3 more O-wide passes) and
 the n-fold extra K; at Wan's 24960 rows its FFN in costs 37990 against 63488, so it pays only for
 steps of several requests and few slots of low rank, which a static rule cannot see: every family
-layout takes "epilogue" today. `lora_path_table` prints the table for any config.
+layout takes "grouped" today. `lora_path_table` prints the table for any config.
+
+Why "grouped" and not "epilogue", which the table ranks first: measured on the H200, a Linear
+compiled alone runs epilogue fastest (`python -m mstar.engine.lora.bench`: Wan's FFN out +16%
+against grouped's +29%; alone, grouped's add is a pass of its own), but in the served step, where
+the add and the slices' cat fuse into the kernel that consumes the output (a residual, an
+activation), grouped was the faster in all three families (`python -m mstar.bench.lora_step`: a
+step +14.1 / 13.8 / 12.1% for Wan / Z-Image / FLUX.2 against epilogue's +14.5 / 15.3 / 16.3%, in two
+runs). `lora_step --paths grouped,epilogue` times both in one run.
 
 Every path computes the same sum; a segment without adapters adds exact zeros (grouped, epilogue)
 or multiplies zero columns (concat). CPU and float32 under compile: a loop over the segments
@@ -73,11 +80,12 @@ def choose_path(
     in_features: int, out_features: int, num_slices: int, num_slots: int, rank: int, many_rows: bool
 ) -> str:
     """The path a Linear takes: concat where it moves fewer bytes than epilogue with every slot in
-    the step, on a layout of many rows (the weight copy is per step); else epilogue."""
+    the step, on a layout of many rows (the weight copy is per step); else grouped (measured faster
+    than epilogue in the served step, where its add fuses into the consumer)."""
     if not many_rows:
-        return "epilogue"
+        return "grouped"
     cost = path_bytes_per_row(in_features, out_features, num_slices, num_slots, rank, MIN_PACKED_ROWS)
-    return "concat" if cost["concat"] < cost["epilogue"] else "epilogue"
+    return "concat" if cost["concat"] < cost["epilogue"] else "grouped"
 
 
 def lora_path_table(shapes, num_slots: int, rank: int) -> list[str]:
