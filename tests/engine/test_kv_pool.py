@@ -248,6 +248,12 @@ def test_the_arrays_as_decode_rows_carries_are_what_its_rows_build():
     ):
         carried, built = getattr(rows, name), getattr(fresh, name)
         assert carried.dtype == built.dtype and carried.tolist() == built.tolist(), name
+    padded = pad_decode_layout(rows, rows.num_segments + 3, scratch_page=99)
+    fresh = PagedLayout.build([1] * 21, rows.kv_lens + (1,) * 3, rows.page_ids + ((99,),) * 3, 4)
+    assert fresh == padded and padded.num_decode == 21
+    for name in ("kv_page_indices", "kv_page_indptr", "kv_last_page_lens", "write_slots", "new_positions"):
+        carried, built = getattr(padded, name), getattr(fresh, name)
+        assert carried.dtype == built.dtype and carried.tolist() == built.tolist(), name
     assert layout.new_positions.tolist() == [8, 3, 98, 99, 100, 101, 102, 0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12]
     assert layout.qo_indptr.tolist() == [0, 1, 2, 7, 14, 18] and layout.qo_indptr.dtype == np.int32
 

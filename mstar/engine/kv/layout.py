@@ -188,6 +188,22 @@ class PagedLayout:
             new_positions=self.new_positions,
         )
 
+    def with_scratch_rows(self, count: int, scratch_page: int) -> PagedLayout:
+        """This decode layout and `count` more decode rows of one token each on `scratch_page`,
+        its arrays extended from this layout's (a padded CUDA-graph step builds none again)."""
+        tokens = self.page_tokens
+        padded = PagedLayout.build(
+            self.q_lens + (1,) * count, self.kv_lens + (1,) * count,
+            self.page_ids + ((scratch_page,),) * count, tokens, self.num_decode + count, self.causal,
+        )  # fmt: skip
+        indptr = self.kv_page_indptr
+        return padded._with_arrays(
+            kv_page_indices=np.concatenate([self.kv_page_indices, np.full(count, scratch_page, np.int32)]),
+            kv_page_indptr=np.concatenate([indptr, indptr[-1] + np.arange(1, count + 1, dtype=np.int32)]),
+            kv_last_page_lens=np.concatenate([self.kv_last_page_lens, np.ones(count, np.int32)]),
+            write_slots=np.concatenate([self.write_slots, np.full(count, scratch_page * tokens, np.int64)]),
+        )
+
     def with_page_indices(self, indices: np.ndarray) -> PagedLayout:
         """This layout with its flat page table already known (int32, every row's pages in order:
         what kv_page_indices would build entry by entry); returns self."""
