@@ -164,28 +164,32 @@ class PagedLayout:
         pays where a step has few new tokens (a prompt's tail after a prefix-cache hit)."""
         if not self.causal:
             raise ValueError("paged layout: only a causal layout runs as decode rows")
+        tokens = self.page_tokens
         kv_lens: list[int] = []
         page_ids: list[tuple[int, ...]] = []
-        ends, counts = [], []
+        counts: list[int] = []
         indices: list[np.ndarray] = []  # the page table, gathered from each segment's pages at once
+        slots: list[np.ndarray] = []
         for q_len, kv_len, ids in zip(self.q_lens, self.kv_lens, self.page_ids, strict=True):
-            row_ends = np.arange(kv_len - q_len + 1, kv_len + 1)
-            row_counts = -(-row_ends // self.page_tokens)  # pages of each row
+            row_ends = np.arange(kv_len - q_len + 1, kv_len + 1)  # int64: each row's kv_len
+            row_counts = (row_ends + (tokens - 1)) // tokens  # pages of each row
+            pages = np.asarray(ids, dtype=np.int32)
             kv_lens += row_ends.tolist()
-            page_ids += [ids[:count] for count in row_counts.tolist()]
-            indices.append(np.asarray(ids, dtype=np.int32)[_concatenated_ranges(row_counts)])
-            ends.append(row_ends)
-            counts.append(row_counts)
-        rows = PagedLayout.build([1] * len(kv_lens), kv_lens, page_ids, self.page_tokens, len(kv_lens))
-        row_ends = np.concatenate(ends)
-        # what the rows' arrays would be built as, known here at once: the page table from the
-        # segments', the slots and positions the same as this layout's (the same tokens in order)
+            counts += (row_counts_list := row_counts.tolist())
+            page_ids += [ids[:count] for count in row_counts_list]
+            indices.append(pages[_concatenated_ranges(row_counts)])
+            last = row_ends - 1  # the row's own token: its position, and where it is written
+            slots.append(pages[last // tokens].astype(np.int64) * tokens + last % tokens)
+        rows = PagedLayout.build([1] * len(kv_lens), kv_lens, page_ids, tokens, len(kv_lens))
+        # the arrays the rows would build entry by entry, known here at once from each segment's
+        # pages (a prefix-cache hit's tail repeats the prefix's pages in every row)
+        positions = np.asarray(kv_lens, dtype=np.int64) - 1
         return rows._with_arrays(
             kv_page_indices=np.concatenate(indices),
-            kv_page_indptr=_indptr(np.concatenate(counts)),
-            kv_last_page_lens=((row_ends - 1) % self.page_tokens + 1).astype(np.int32),
-            write_slots=self.write_slots,
-            new_positions=self.new_positions,
+            kv_page_indptr=_indptr(counts),
+            kv_last_page_lens=(positions % tokens + 1).astype(np.int32),
+            write_slots=np.concatenate(slots),
+            new_positions=positions,
         )
 
     def with_scratch_rows(self, count: int, scratch_page: int) -> PagedLayout:
