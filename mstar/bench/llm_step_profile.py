@@ -69,10 +69,12 @@ def build(
 
     from mstar.config import ServerConfig
     from mstar.graph import BuildContext
+    from mstar.llm.build import use_one_cpu_thread
     from mstar.llm.tokenizer import ByteTokenizer
     from mstar.models.qwen3.config import QWEN3_CONFIGS
     from mstar.models.qwen3.nodes import build_qwen3_llm_node, load_qwen3
 
+    use_one_cpu_thread(device)  # as the server's worker runs torch on a CPU (steady under load too)
     config = config or QWEN3_CONFIGS[model_name]
     model = load_qwen3(config, device, torch.bfloat16, folder=None, seed=0)
     server = ServerConfig(
