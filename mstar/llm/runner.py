@@ -12,6 +12,7 @@ the smallest captured row count that holds them (mstar.llm.graphs), when graphs 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -112,7 +113,8 @@ class StagedInputs:
         if num_fed:
             parts += [np.asarray(feed.positions, dtype=np.int64), np.asarray(feed.indices, dtype=np.int64)]
         staged = to_device(torch.from_numpy(np.concatenate(parts)), device)
-        views = iter(torch.split(staged, [len(part) for part in parts]))
+        ends = list(accumulate(len(part) for part in parts))
+        views = iter([staged[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)])
         inputs = cls(next(views), next(views), len(sample_rows))
         if not all_sample:
             inputs.last_tokens = next(views)
