@@ -20,8 +20,14 @@ def lora_activation_kernel(
     cols = (pid % num_col_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     row_in, col_in = rows < num_rows, cols < width
     rows64 = rows.to(tl.int64)
-    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # slice 0's delta (the only one for GELU)
-    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # slice 1's (SwiGLU)
+    # the accumulators start as the base output (loaded before the expand, so its latency hides
+    # behind the dots): slice 0 (the only one for GELU), and slice 1, the up projection (SwiGLU)
+    mask = row_in[:, None] & col_in[None, :]
+    y_offsets = rows64[:, None] * y_row_stride + cols[None, :]
+    gate = tl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(tl.float32)  # [BM, BN]
+    up = gate
+    if SWIGLU:
+        up = tl.load(y_ptr + y_offsets + width, mask=mask, other=0.0).to(tl.float32)
     last_row = tl.minimum(first_row + BLOCK_M, num_rows)
     num_slices = 2 if SWIGLU else 1
     # while loops, not range(): Triton's interpreter cannot take a runtime int as a range bound
@@ -52,14 +58,10 @@ def lora_activation_kernel(
                     up = tl.dot(h, b, up, input_precision="ieee")
                 k += BLOCK_K
         segment += 1
-    mask = row_in[:, None] & col_in[None, :]
-    y_offsets = rows64[:, None] * y_row_stride + cols[None, :]
-    z = tl.load(y_ptr + y_offsets, mask=mask, other=0.0).to(tl.float32) + gate
     if SWIGLU:
-        u = tl.load(y_ptr + y_offsets + width, mask=mask, other=0.0).to(tl.float32) + up
-        out = z * tl.sigmoid(z) * u
+        out = gate * tl.sigmoid(gate) * up
     else:  # GELU, tanh approximation: 0.5 * (1 + tanh(a)) = sigmoid(2a)
-        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
-        out = z * tl.sigmoid(2.0 * inner)
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        out = gate * tl.sigmoid(2.0 * inner)
     out_offsets = rows64[:, None] * width + cols[None, :]
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
