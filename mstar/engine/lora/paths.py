@@ -25,7 +25,9 @@ percent of it, so what a path costs is its passes over [T, *] activations (bytes
   tile on tensor cores before the activation, so the delta is never written nor read. Only for a
   Linear whose consumer fuses it (the family's kernel FFN says so; its LoRA target names the path);
   alone, the layer computes grouped. The shrink output is written and read (2*e*J*k*R), and the
-  gathered B and the shrink's rows are re-read from L2 per tile (not counted).
+  gathered B and the shrink's rows are re-read from L2 per tile (not counted). `python -m
+  mstar.bench.lora_step --paths grouped,activation` times a step both ways; `python -m
+  mstar.bench.lora_activation` the kernel alone, per tile config.
                                                              e*I + 2*e*J*k*R
 
 The rule (`choose_path`, static per Linear: no recompiles): "concat" where it moves fewer bytes
