@@ -8,6 +8,12 @@ load time: read, convert, pack) and times one packed step of four requests throu
 predict: with four different adapters (one per request) against the same pack without adapters
 (goal: <= 10% slower). `--family` picks some; `--tiny` runs the tiny configs on the CPU (a smoke
 test). Prints one line per measurement.
+
+`--paths grouped,activation` times LoRA paths in turn on the same DiT, each set on every wrapped
+Linear (mstar.engine.lora.paths): "activation" is grouped for every Linear but those whose consumer
+applies the expand inside its activation (Wan's FFN in, Z-Image's w1/w3, on the kernels path),
+which is how the server runs them; "grouped" puts those back on the grouped path (the delta written,
+then added by the consumer). Without `--paths`: each Linear's own path, as the server picks it.
 """
 
 from __future__ import annotations
@@ -225,7 +231,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="the tiny configs on the CPU (a smoke test)")
     parser.add_argument("--family", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
     parser.add_argument("--paths", type=lambda text: text.split(","), default=[],
-                        help="LoRA paths to time in turn, e.g. grouped,epilogue (default: the rule's)")  # fmt: skip
+                        help="LoRA paths to time in turn, e.g. grouped,activation (default: each Linear's own)")  # fmt: skip
     args = parser.parse_args()
     if unknown := set(args.paths) - set(PATHS):
         parser.error(f"--paths: unknown {sorted(unknown)}; choose from {PATHS}")

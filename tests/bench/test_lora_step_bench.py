@@ -15,6 +15,6 @@ def test_tiny_lora_step_bench_prints_both_timings_and_the_load(family, capsys):
 
 
 def test_tiny_lora_step_bench_times_each_path_asked_on_the_same_dit(capsys):
-    bench_family("z-image", tiny=True, device="cpu", repeats=1, paths=("grouped", "epilogue"))
+    bench_family("z-image", tiny=True, device="cpu", repeats=1, paths=("grouped", "epilogue", "activation"))
     out = capsys.readouterr().out
-    assert "(grouped path)" in out and "(epilogue path)" in out
+    assert "(grouped path)" in out and "(epilogue path)" in out and "(activation path)" in out

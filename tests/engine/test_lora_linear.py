@@ -10,7 +10,7 @@ from torch import nn
 
 from mstar.engine.compile import CompiledFunction
 from mstar.engine.lora.linear import LoraRows, reference_lora_delta
-from mstar.engine.lora.paths import PATHS, choose_path, path_bytes_per_row
+from mstar.engine.lora.paths import LINEAR_PATHS, PATHS, choose_path, path_bytes_per_row
 from mstar.engine.lora.weights import ModuleLora
 from mstar.engine.lora.wrap import LoraLayers, LoraSlice, LoraTarget, linear_targets
 from mstar.models.fusion import concat_linears
@@ -261,7 +261,7 @@ def test_bench_runs_on_tiny_shapes(capsys):
     from mstar.engine.lora.bench import bench_load, bench_shape
 
     timings = bench_shape("tiny", ("q/k/v", 16, 48, 3, 2, 8), bias=True, labels=2, device="cpu")
-    assert set(timings) == {"base", *PATHS}
+    assert set(timings) == {"base", *LINEAR_PATHS}
     bench_load("tiny", 2, [(16, 48), (48, 16)], device="cpu")
     out = capsys.readouterr().out
     assert "rule picks grouped" in out and "copy to slot" in out

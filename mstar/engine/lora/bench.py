@@ -24,7 +24,7 @@ from torch import nn
 from mstar.adapters import LoraKeyRules
 from mstar.engine.compile import CompiledFunction
 from mstar.engine.lora.linear import LoraRows
-from mstar.engine.lora.paths import PATHS, choose_path, path_bytes_per_row
+from mstar.engine.lora.paths import LINEAR_PATHS, choose_path, path_bytes_per_row
 from mstar.engine.lora.weights import load_adapter
 from mstar.engine.lora.wrap import LoraLayers, LoraSlice, LoraTarget, linear_targets
 
@@ -100,7 +100,7 @@ def bench_shape(family, shape, bias, labels, device="cuda") -> dict[str, float]:
     x = torch.randn(sum(lengths), in_features, device=device, dtype=torch.bfloat16)
     mode = "deterministic" if device.startswith("cuda") else "off"
     timings: dict[str, float] = {}
-    for path in PATHS:
+    for path in LINEAR_PATHS:
         linear, layers = _wrapped_linear(in_features, out_features, num_slices, bias, path, device)
         compiled = CompiledFunction(linear, mode, f"lora-bench {family} {name} {path}", duck_shapes=False)
         with torch.inference_mode():
@@ -111,7 +111,7 @@ def bench_shape(family, shape, bias, labels, device="cuda") -> dict[str, float]:
     cost = path_bytes_per_row(in_features, out_features, num_slices, NUM_ADAPTERS, RANK, len(x))
     picked = choose_path(in_features, out_features, num_slices, NUM_ADAPTERS, RANK, many_rows=True)
     parts = [f"{p} {timings[p]:.3f} ms (+{100 * (timings[p] / timings['base'] - 1):.1f}%, model {cost[p] / 1000:.1f} kB/row)"
-             for p in PATHS]  # fmt: skip
+             for p in LINEAR_PATHS]  # fmt: skip
     print(f"{family} {name} {in_features}->{out_features} x{num_slices}, {len(x)} rows: "
           f"base {timings['base']:.3f} ms; " + "; ".join(parts) + f"; rule picks {picked}", flush=True)  # fmt: skip
     return timings
@@ -120,13 +120,13 @@ def bench_shape(family, shape, bias, labels, device="cuda") -> dict[str, float]:
 def bench_step(family, device="cuda") -> None:
     """Every shape of the family, then the step's Linears summed per path."""
     bias, labels, shapes = FAMILIES[family]
-    totals = dict.fromkeys(("base", *PATHS), 0.0)
+    totals = dict.fromkeys(("base", *LINEAR_PATHS), 0.0)
     for shape in shapes:
         timings = bench_shape(family, shape, bias, labels, device)
         for key, ms in timings.items():
             totals[key] += shape[4] * ms
     base = totals["base"]
-    parts = [f"{p} +{totals[p] - base:.1f} ms (+{100 * (totals[p] / base - 1):.1f}%)" for p in PATHS]
+    parts = [f"{p} +{totals[p] - base:.1f} ms (+{100 * (totals[p] / base - 1):.1f}%)" for p in LINEAR_PATHS]
     print(f"{family}: a step's block Linears, {NUM_ADAPTERS} requests with {NUM_ADAPTERS} rank-{RANK} adapters: "
           f"{base:.1f} ms without LoRA; " + "; ".join(parts), flush=True)  # fmt: skip
 

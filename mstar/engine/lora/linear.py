@@ -13,9 +13,11 @@ DiT forward and read by every wrapped layer (as attention plans are): `LoraRows`
 pack lengths are dynamic dimensions: one graph serves every step with adapters (one more for steps
 with none, which run the base layer alone).
 
-How a layer adds the update is its `lora_path` (paths.py: "grouped", "epilogue", or "concat";
-"grouped" is this file's `torch._grouped_mm` shrink and per-slice expands, the CUDA grouped GEMM
-in bf16 on Hopper, a loop of matmuls on the CPU); `reference_lora_delta` is the plain per-segment definition.
+How a layer adds the update is its `lora_path` (paths.py: "grouped", "epilogue", "concat" or
+"activation"; "grouped" is this file's `torch._grouped_mm` shrink and per-slice expands, the CUDA
+grouped GEMM in bf16 on Hopper, a loop of matmuls on the CPU; "activation" is grouped when the
+layer runs alone, and lets the module consuming its output apply the expand inside its activation:
+activation.py); `reference_lora_delta` is the plain per-segment definition.
 Compiled float32 (which `_grouped_mm` does not trace) takes a loop over the segments.
 """
 
@@ -160,7 +162,7 @@ class SegmentedLoraLinear(nn.Linear):
         if rows is None:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, self.in_features)
-        if self.lora_path == "grouped":
+        if self.lora_path in ("grouped", "activation"):  # "activation" alone: grouped
             y = F.linear(flat, self.weight, self.bias) + lora_delta(flat, self.lora_a, self.lora_b(), rows)
         else:
             path = epilogue_linear if self.lora_path == "epilogue" else concat_linear
@@ -179,21 +181,36 @@ def grouped_lora_delta(
     x: torch.Tensor, a: torch.Tensor, bs: list[torch.Tensor], rows: LoraRows
 ) -> torch.Tensor:
     """Two grouped GEMMs (shrink to J*K*R, expand per slice) over the segments' gathered weights."""
-    num_segments, width = rows.slots.shape
-    ends = rows.ends
-    if ends is None:
-        ends = torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
-    # [S, K, in, J, R] -> [S, in, J, K, R]: slice j's columns for all K adapters side by side
-    a_seg = a[rows.slots].permute(0, 2, 3, 1, 4).reshape(num_segments, x.shape[1], -1)
-    hidden = torch._grouped_mm(x.contiguous(), a_seg, offs=ends)  # [T, J*K*R]
-    block = width * a.shape[-1]  # K*R columns per slice
+    ends = segment_ends(rows, x)
+    hidden = torch._grouped_mm(x.contiguous(), segment_a(a, rows), offs=ends)  # [T, J*K*R]
+    block = hidden.shape[1] // len(bs)  # K*R columns per slice
     outs = []
-    for index, b in enumerate(bs):
-        b_seg = b[rows.slots] * rows.scales.to(b.dtype)[:, :, None, None]  # [S, K, R, out_j]
-        b_seg = b_seg.reshape(num_segments, block, b.shape[-1])
+    for index, b_seg in enumerate(segment_bs(bs, rows)):
         part = hidden[:, index * block : (index + 1) * block].contiguous()
         outs.append(torch._grouped_mm(part, b_seg, offs=ends))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+def segment_ends(rows: LoraRows, x: torch.Tensor) -> torch.Tensor:
+    """int32 [S]: the segments' cumulative end rows (one segment over x's rows where rows.ends is None)."""
+    if rows.ends is not None:
+        return rows.ends
+    return torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
+
+
+def segment_a(a: torch.Tensor, rows: LoraRows) -> torch.Tensor:
+    """Each segment's A for the shrink: [S, in, J*K*R], slice j's columns for all K adapters side
+    by side."""
+    num_segments = rows.slots.shape[0]
+    # [S, K, in, J, R] -> [S, in, J, K, R]
+    return a[rows.slots].permute(0, 2, 3, 1, 4).reshape(num_segments, a.shape[1], -1)
+
+
+def segment_bs(bs: list[torch.Tensor], rows: LoraRows) -> list[torch.Tensor]:
+    """Each segment's B per slice, scaled: [S, K*R, out_j], the K adapters' rows one after another."""
+    num_segments = rows.slots.shape[0]
+    scaled = [b[rows.slots] * rows.scales.to(b.dtype)[:, :, None, None] for b in bs]  # [S, K, R, out_j]
+    return [b.reshape(num_segments, -1, b.shape[-1]) for b in scaled]
 
 
 def reference_lora_delta(

@@ -20,6 +20,15 @@ percent of it, so what a path costs is its passes over [T, *] activations (bytes
   output into the cat; a copy when x comes from another kernel), and W_ext = cat(W, B_step^T) per
   call (2*e*O*(I + J*n*R) per step, not per row: paid off only by layouts of thousands of rows).
                                                   e*I + max(e*I, 2*I*J*n*R/beta) + 2*J*n*R*O/beta
+- "activation": grouped's shrink; the expand runs inside the kernel of the activation that consumes
+  the output (mstar::lora_activation: GELU for Wan's FFN in, SwiGLU for Z-Image's w1/w3), tile by
+  tile on tensor cores before the activation, so the delta is never written nor read. Only for a
+  Linear whose consumer fuses it (the family's kernel FFN says so; its LoRA target names the path);
+  alone, the layer computes grouped. The shrink output is written and read (2*e*J*k*R), and the
+  gathered B and the shrink's rows are re-read from L2 per tile (not counted). `python -m
+  mstar.bench.lora_step --paths grouped,activation` times a step both ways; `python -m
+  mstar.bench.lora_activation` the kernel alone, per tile config.
+                                                             e*I + 2*e*J*k*R
 
 The rule (`choose_path`, static per Linear: no recompiles): "concat" where it moves fewer bytes
 than "epilogue" with every slot in the step, on a layout its family marks as many rows (costed at
@@ -32,10 +41,12 @@ MIN_PACKED_ROWS: one request's tokens), else "grouped". Bytes per row at 4096 ro
     Wan q/k/v                   3072 -> 9216  3    79872    48906    84434
     Z-Image w1/w3               3840 -> 20480 2   171520    96154   151859
     FLUX.2 single qkv+MLP       3072 -> 27648 1   116736   116736   134077
+and "activation", where the consumer fuses it: Wan FFN in 6272, Z-Image w1/w3 7936 (a step's
+LoRA bytes less about 30% for Wan and 40% for Z-Image: the served +14% predicted to about +10%).
 Concat loses on the per-step weight copy (4*O*I bytes over 4096 rows is ~3 more O-wide passes) and
 the n-fold extra K; at Wan's 24960 rows its FFN in costs 37990 against 63488, so it pays only for
 steps of several requests and few slots of low rank, which a static rule cannot see: every family
-layout takes "grouped" today. `lora_path_table` prints the table for any config.
+layout takes "grouped" today, but for the FFN Linears whose family target names "activation". `lora_path_table` prints the table for any config.
 
 Why "grouped" and not "epilogue", which the table ranks first: measured on the H200, a Linear
 compiled alone runs epilogue fastest (`python -m mstar.engine.lora.bench`: Wan's FFN out +16%
@@ -55,7 +66,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-PATHS = ("grouped", "epilogue", "concat")
+LINEAR_PATHS = ("grouped", "epilogue", "concat")  # the ways a Linear alone adds its update
+PATHS = (*LINEAR_PATHS, "activation")
 FLOPS_PER_BYTE = 200  # H100 / H200 bf16 dense over HBM bandwidth
 ELEMENT_BYTES = 2  # bf16
 MIN_PACKED_ROWS = 4096  # a layout of many rows: one 1024x1024 image's tokens, two Wan 480p labels
@@ -73,7 +85,8 @@ def path_bytes_per_row(
     epilogue = e * (i + 2 * o) + 2 * (j - 1) * r * o / beta
     weight_copy = 2 * e * o * (i + j * n * r) / max(rows, 1)
     concat = e * i + max(e * i, 2 * i * j * n * r / beta) + 2 * j * n * r * o / beta + weight_copy
-    return {"grouped": grouped, "epilogue": epilogue, "concat": concat}
+    activation = e * i + 2 * e * j * r  # one adapter per segment: k = 1
+    return {"grouped": grouped, "epilogue": epilogue, "concat": concat, "activation": activation}
 
 
 def choose_path(

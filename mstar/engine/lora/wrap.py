@@ -4,7 +4,8 @@ The family says which of its modules take LoRA (`LoraTarget`s): each names a Lin
 and the diffusers modules whose adapter weights feed its output slices, in order (a fused to_qkv
 has three), with the output-row order the fusion gave each slice (queries and keys stored in
 rotary halves order). Wrap after the model is loaded, moved and fused, and before it is compiled.
-Each wrapped Linear takes the path (paths.py) the rule picks for its shape, unless one is given.
+Each wrapped Linear takes the path (paths.py) its target names, else the one the rule picks for its
+shape; a path given to LoraLayers overrides both (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -33,14 +34,16 @@ class LoraSlice:
 
 @dataclass(frozen=True)
 class LoraTarget:
-    """A Linear of our model (its path), its slices, and the row layout its input follows;
+    """A Linear of our model (its module path), its slices, and the row layout its input follows;
     many_rows: the layout holds a step's packed tokens (thousands of rows), where a per-step cost
-    (the concat path's weight copy) is paid off."""
+    (the concat path's weight copy) is paid off; path: the LoRA path the family names for it (the
+    "activation" path where the module consuming its output fuses the expand), None: the rule's."""
 
     module: str
     slices: tuple[LoraSlice, ...]
     layout: str = "tokens"
     many_rows: bool = False
+    path: str | None = None
 
 
 def linear_targets(
@@ -74,7 +77,7 @@ class LoraLayers:
         self.num_slots = num_slots
         self.max_rank = max_rank
         self.targets = list(targets)
-        self.path = path  # None: choose_path per Linear
+        self.path = path  # None: each target's, else choose_path per Linear
         self.layers: list[SegmentedLoraLinear] = []
         self.sources: dict[str, tuple[int, int]] = {}  # diffusers module -> (layer, slice)
         for index, target in enumerate(self.targets):
@@ -91,13 +94,17 @@ class LoraLayers:
         if isinstance(base, SegmentedLoraLinear) or not isinstance(base, nn.Linear):
             raise ValueError(f"'{target.module}' is not a plain Linear (wrapped already?)")
         features = [piece.out_features for piece in target.slices]
-        path = self.path or choose_path(
-            base.in_features,
-            base.out_features,
-            len(features),
-            self.num_slots,
-            self.max_rank,
-            target.many_rows,
+        path = (
+            self.path
+            or target.path
+            or choose_path(
+                base.in_features,
+                base.out_features,
+                len(features),
+                self.num_slots,
+                self.max_rank,
+                target.many_rows,
+            )
         )
         layer = SegmentedLoraLinear(
             base, features, self.num_slots + 1, self.max_rank, self.context, target.layout, path

@@ -22,8 +22,8 @@ from mstar.models.rotary import halves_order
 MANY_ROW_LAYOUTS = ("tokens",)
 
 
-def _one(name: str, linear: nn.Linear, layout: str) -> LoraTarget:
-    return LoraTarget(name, (LoraSlice(name, linear.out_features),), layout)
+def _one(name: str, linear: nn.Linear, layout: str, path: str | None = None) -> LoraTarget:
+    return LoraTarget(name, (LoraSlice(name, linear.out_features),), layout, path=path)
 
 
 def wan_lora_targets(dit: nn.Module) -> list[LoraTarget]:
@@ -36,7 +36,9 @@ def wan_lora_targets(dit: nn.Module) -> list[LoraTarget]:
         prefix = f"blocks.{index}"
         targets += _self_attention(f"{prefix}.attn1", block.attn1)
         targets += _cross_attention(f"{prefix}.attn2", block.attn2)
-        targets.append(_one(f"{prefix}.ffn.net.0.proj", block.ffn.net[0].proj, "tokens"))
+        # the kernel FFN adds this Linear's expand inside its GELU
+        path = "activation" if getattr(block.ffn, "fuses_lora_activation", False) else None
+        targets.append(_one(f"{prefix}.ffn.net.0.proj", block.ffn.net[0].proj, "tokens", path))
         targets.append(_one(f"{prefix}.ffn.net.2", block.ffn.net[2], "tokens"))
     targets.append(_one("proj_out", dit.proj_out, "tokens"))
     return [replace(t, many_rows=t.layout in MANY_ROW_LAYOUTS) for t in targets]

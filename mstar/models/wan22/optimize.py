@@ -9,7 +9,9 @@ products over a head, the same in any common feature order, and values keep thei
 attention's k/v as one GEMM. `kernels` (with `fuse`) swaps in the modules that call the
 hand-written Triton ops (mstar.engine.kernels): the q/k RMS norm + rotary, and a block stack whose
 residual updates and the norms after them are one kernel each, every block handing the next (and
-the last the output head) its normed, modulated input. On the CPU the ops are their PyTorch
+the last the output head) its normed, modulated input, and an FFN whose LoRA-wrapped first Linear
+adds its adapters' expand inside the GELU kernel (mstar::lora_activation) in steps with adapters.
+On the CPU the ops are their PyTorch
 definitions, so each swap is checked against the eager model there. The model file stays the
 eager reference; nothing here changes its arithmetic beyond the order of GEMM columns.
 """
@@ -19,10 +21,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mstar.engine.lora.activation import fuses_lora, lora_activation
 from mstar.models.fusion import concat_linears
 from mstar.models.rotary import halves_order
 from mstar.models.wan22.dit import WanDiT
-from mstar.models.wan22.dit_layers import WanAttention, WanBlocks
+from mstar.models.wan22.dit_layers import FeedForward, WanAttention, WanBlocks
 
 
 def apply_rotary_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -44,9 +47,12 @@ def optimize(dit: WanDiT, fuse: bool, kernels: bool) -> WanDiT:
             block.attn1 = self_attention(block.attn1)
             block.attn2 = FusedCrossAttention(block.attn2)
     if kernels:
-        import mstar.engine.kernels.qk_norm_rotary  # noqa: F401  registers the ops
+        import mstar.engine.kernels.lora_activation  # noqa: F401  registers the ops
+        import mstar.engine.kernels.qk_norm_rotary  # noqa: F401
         import mstar.engine.kernels.residual_layer_norm  # noqa: F401
 
+        for block in dit.blocks:
+            block.ffn = KernelFeedForward(block.ffn)
         dit.blocks = KernelBlocks(list(dit.blocks), dit.blocks.eps)
     return dit
 
@@ -114,6 +120,24 @@ class FusedCrossAttention(WanAttention):
     def context_key_value(self, context):
         key, value = self.to_kv(context).unflatten(-1, (2, -1)).unbind(-2)  # [Tkv, 2, dim]
         return self.norm_k(key), value
+
+
+class KernelFeedForward(FeedForward):
+    """The FFN (same modules and keys) whose first Linear, LoRA-wrapped on the "activation" path,
+    adds the step's adapters inside the GELU kernel: no [T, inner] delta is written or read. The
+    LoRA targets give that Linear the path where `fuses_lora_activation` says the FFN can."""
+
+    fuses_lora_activation = True
+
+    def __init__(self, plain: FeedForward):
+        nn.Module.__init__(self)
+        self.net = plain.net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        proj = self.net[0].proj
+        if fuses_lora(proj):
+            return self.net[2](lora_activation(proj, x, "gelu_tanh"))
+        return super().forward(x)
 
 
 class KernelBlocks(WanBlocks):

@@ -78,7 +78,9 @@ def _feed_forward(prefix: str, feed_forward: nn.Module, layout: str) -> list[Lor
         return [_one(f"{prefix}.w{i}", getattr(feed_forward, f"w{i}"), layout) for i in (1, 3)] + [out]
     hidden = feed_forward.w13.out_features // 2
     slices = (LoraSlice(f"{prefix}.w1", hidden), LoraSlice(f"{prefix}.w3", hidden))
-    return [LoraTarget(f"{prefix}.w13", slices, layout), out]
+    # the kernel SwiGLU adds w13's expand inside its activation
+    path = "activation" if getattr(feed_forward, "fuses_lora_activation", False) else None
+    return [LoraTarget(f"{prefix}.w13", slices, layout, path=path), out]
 
 
 def set_step_rows(lora, geometries: Sequence, request_ids: Sequence[str]) -> None:

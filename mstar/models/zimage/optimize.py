@@ -6,7 +6,9 @@ in that order; scores and so outputs are unchanged) and every SwiGLU for one wit
 projections as one `w13` GEMM. `kernels` (with `fuse`) swaps in the modules that call the
 hand-written Triton ops (mstar.engine.kernels): each attention's q/k norm + rotary, and the
 modulated stacks (noise refiner, main layers) whose residual updates and the norms after them are
-one kernel each, every block handing the next its attention input. On the CPU the ops are their
+one kernel each, every block handing the next its attention input, and each SwiGLU whose
+LoRA-wrapped w13 adds its adapters' expand inside the SwiGLU kernel (mstar::lora_activation) in
+steps with adapters. On the CPU the ops are their
 PyTorch definitions, so each swap is checked against the eager model there.
 """
 
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.engine.lora.activation import fuses_lora, lora_activation
 from mstar.models.fusion import concat_linears
 from mstar.models.rotary import halves_order
 from mstar.models.zimage.dit import ZImageDiT
@@ -38,12 +41,14 @@ def optimize(dit: ZImageDiT, fuse: bool, kernels: bool) -> ZImageDiT:
     if kernels:
         _check_kernels_apply(dit)
         import mstar.engine.kernels.gated_residual_norm  # noqa: F401  registers the ops
+        import mstar.engine.kernels.lora_activation  # noqa: F401
         import mstar.engine.kernels.qk_norm_rotary  # noqa: F401
     if fuse:
         attention = KernelSelfAttention if kernels else FusedSelfAttention
+        feed_forward = KernelFeedForward if kernels else FusedFeedForward
         for block in blocks:
             block.attention = attention(block.attention)
-            block.feed_forward = FusedFeedForward(block.feed_forward)
+            block.feed_forward = feed_forward(block.feed_forward)
     if kernels:
         dit.noise_refiner = KernelModulatedBlocks(list(dit.noise_refiner))
         dit.layers = KernelModulatedBlocks(list(dit.layers))
@@ -114,6 +119,19 @@ class FusedFeedForward(FeedForward):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).unflatten(-1, (2, -1)).unbind(-2)  # [T, 2, hidden] -> 2 x [T, hidden]
         return self.w2(F.silu(gate) * up)
+
+
+class KernelFeedForward(FusedFeedForward):
+    """The fused SwiGLU whose w13, LoRA-wrapped on the "activation" path, adds the step's adapters
+    inside the SwiGLU kernel (gate and up slices): no [T, 2 * hidden] delta is written or read. The
+    LoRA targets give w13 the path where `fuses_lora_activation` says the module can."""
+
+    fuses_lora_activation = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fuses_lora(self.w13):
+            return self.w2(lora_activation(self.w13, x, "swiglu"))
+        return super().forward(x)
 
 
 class KernelModulatedBlocks(ModulatedBlocks):

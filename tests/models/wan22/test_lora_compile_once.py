@@ -2,6 +2,7 @@
 other slots, scales and segment counts compile nothing (CPU, bf16 so the grouped path traces;
 aot_eager in place of inductor, as the other compile-once tests)."""
 
+import pytest
 import torch
 import torch._dynamo
 
@@ -13,6 +14,7 @@ from mstar.engine.lora.wrap import LoraLayers
 from mstar.models.wan22.config import tiny_wan22_config
 from mstar.models.wan22.dit import DiTInput, WanDiT
 from mstar.models.wan22.lora import wan_lora_targets
+from mstar.models.wan22.optimize import optimize
 
 OPTIONS = {
     "persistent_rows": True,
@@ -41,9 +43,12 @@ def _adapter(layers: LoraLayers, dit, seed: int) -> dict[str, ModuleLora]:
     return adapter
 
 
-def test_new_adapters_and_packs_compile_nothing():
+@pytest.mark.parametrize("kernels", [False, True], ids=["eager", "kernels"])
+def test_new_adapters_and_packs_compile_nothing(kernels):
     torch.manual_seed(0)
     dit = WanDiT(tiny_wan22_config().dit).eval().to(torch.bfloat16)
+    if kernels:  # its FFN adds the first Linear's expand inside the GELU (mstar::lora_activation)
+        dit = optimize(dit, fuse=True, kernels=True)
     layers = LoraLayers(dit, wan_lora_targets(dit), num_slots=3, max_rank=RANK)
     layers.write(1, layers.pack(_adapter(layers, dit, 1)))
     attention = build_attention("torch", "cpu", torch.bfloat16)

@@ -6,6 +6,7 @@ them all (an unaligned one takes the host-read reference, a graph break)."""
 
 import dataclasses
 
+import pytest
 import torch
 import torch._dynamo
 
@@ -16,6 +17,7 @@ from mstar.engine.lora.wrap import LoraLayers
 from mstar.models.zimage.config import TINY
 from mstar.models.zimage.dit import ZImageDiT
 from mstar.models.zimage.lora import zimage_lora_targets
+from mstar.models.zimage.optimize import optimize
 from mstar.models.zimage.pipeline import ZImagePipeline
 from mstar.models.zimage.weights import build_dit
 from tests.lora_files import compiles_of, predict_with, random_adapter
@@ -36,9 +38,12 @@ def _item(rid, height, width, caption_tokens, seed):
     return DenoiseItem(rid, COND, latents, 400.0, 0.4, 0, text, {})
 
 
-def test_new_adapters_and_packs_compile_nothing():
+@pytest.mark.parametrize("kernels", [False, True], ids=["eager", "kernels"])
+def test_new_adapters_and_packs_compile_nothing(kernels):
     torch.manual_seed(0)
     dit = build_dit(CONFIG, "cpu", torch.bfloat16)
+    if kernels:  # its SwiGLU adds w13's expand inside the activation (mstar::lora_activation)
+        dit = optimize(dit, fuse=True, kernels=True)
     layers = LoraLayers(dit, zimage_lora_targets(dit), num_slots=3, max_rank=RANK)
     layers.write(1, layers.pack(random_adapter(layers, dit, RANK, seed=1)))
     parts = compile_methods(dit, ZImageDiT.compiled_methods, "deterministic", "zimage.dit", **OPTIONS)

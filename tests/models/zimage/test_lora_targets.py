@@ -66,3 +66,18 @@ def test_fused_model_applies_each_requests_adapters_as_the_plain_one(kernels):
             assert (a - without[index]).abs().max() > 1e-2
         else:
             torch.testing.assert_close(a, without[index], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["fused", "kernels"])
+def test_the_kernel_swiglu_takes_w13s_expand_in_its_activation(kernels):
+    """With the kernel modules every w13 takes the "activation" path (its SwiGLU adds the expand);
+    without them the rule's."""
+    dit = optimize(build_dit(TINY.dit, "cpu", torch.float32), fuse=True, kernels=kernels)
+    layers = LoraLayers(dit, zimage_lora_targets(dit), num_slots=1, max_rank=RANK)
+    w13 = [
+        (t, layer)
+        for t, layer in zip(layers.targets, layers.layers, strict=True)
+        if t.module.endswith(".w13")
+    ]
+    assert {t.path for t, _ in w13} == ({"activation"} if kernels else {None})
+    assert ({layer.lora_path for _, layer in w13} == {"activation"}) == kernels
