@@ -12,6 +12,8 @@ import json
 import re
 from typing import Any
 
+import msgspec
+
 from mstar.api.errors import ApiError
 
 # Request bodies are flat objects with a few small nested ones (input_reference: {image_url}).
@@ -30,6 +32,9 @@ DEPTH_SCAN_CHUNK_BYTES = 1 << 20
 NUMBER_CHARS = b"-+.eE0123456789"
 AS_NUMBER_RUNS = bytes(0x30 if byte in NUMBER_CHARS else 0x20 for byte in range(256))
 LONG_NUMBER_RUN = b"0" * (MAX_NUMBER_CHARS + 1)
+# msgspec's decoder reads a 2k-id prompt about 3x faster than json.loads and gives the same values
+# for every body it accepts; it refuses a few that json.loads takes (NaN, Infinity, lone
+# surrogates, 1e400), which then go through json.loads, so what a body means never changes.
 
 
 class JsonLimitExceeded(ValueError):
@@ -73,6 +78,13 @@ def _bounded_number(convert):
     return parse
 
 
+def _loads(raw: bytes, text: str) -> Any:
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return json.loads(text)  # what msgspec refuses, json.loads takes or refuses as before
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object; ApiError 400 `invalid_json` for anything else."""
     if not raw.strip():
@@ -82,7 +94,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")  # JSON over HTTP is UTF-8 (RFC 8259), and the scan above assumes it
         if LONG_NUMBER_RUN not in raw.translate(AS_NUMBER_RUNS):
-            data = json.loads(text)
+            data = _loads(raw, text)
         else:
             data = json.loads(text, parse_int=_bounded_number(int), parse_float=_bounded_number(float))
     except JsonLimitExceeded as error:

@@ -12,7 +12,9 @@ cached, plus `--own-tokens` of its own, one output token. Two parts, each the me
   launch: schedule with the prefix lookup, the layout, the tail as decode rows, the attention plan,
   the graph replay or the eager forward, the sampler) and to its token read back, with the host ms
   of each part, and the same for a miss (a fresh system prompt) for comparison.
-`--device cpu` runs the node on the CPU (every part but the device's is what the GPU host does).
+`--device cpu` runs the node on the CPU (every part but the device's is what the GPU host does);
+`--tiny-width` keeps the model's layer count and vocabulary but shrinks every width, so the CPU
+runs the host's per-layer and per-token work of the real model without its arithmetic.
 """
 
 from __future__ import annotations
@@ -78,21 +80,40 @@ def front_ms(vocab_size: int, num_prompt: int, context_length: int, num_runs: in
     return result
 
 
+def tiny_width(config: Any) -> Any:
+    """`config`'s layers and vocabulary with small widths (the host work of a step, cheap math)."""
+    return config.with_changes(
+        hidden_size=128, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=32
+    )
+
+
 def instrument_hit(node: Any) -> PartTimer:
     from mstar.engine.kv.layout import PagedLayout
+    from mstar.engine.kv.pages import PageTable
     from mstar.llm import sampling
+    from mstar.llm.runner import StagedInputs
     from mstar.llm.scheduler import StepPlan
+    from mstar.llm.sequence import Sequence
 
     timer = PartTimer()
     timer.wrap(node, "prepare", "prepare")
     timer.wrap(node, "_launch", "launch (all below)")
     timer.wrap(node.scheduler, "schedule", "schedule")
+    timer.wrap(Sequence, "page_hashes", "schedule: page_hashes (and register's)")
+    timer.wrap(PageTable, "match_prefix", "schedule: match_prefix")
     timer.wrap(StepPlan, "layout", "plan.layout")
+    timer.wrap(StagedInputs, "of", "stage inputs (one copy)")
     timer.wrap(PagedLayout, "as_decode_rows", "as_decode_rows")
-    timer.wrap(node.runner.attention, "plan", "attention.plan")
+    attention = node.runner.attention
+    timer.wrap(attention, "plan", "attention.plan")
+    timer.wrap(attention, "_host_rows", "attention.plan: write rows")
+    timer.wrap(type(attention._ring[0]), "_plan_kernel", "attention.plan: kernel plan")
     if node.runner.graphs is not None:
+        import torch
+
         timer.wrap(node.runner.graphs, "graph_layout", "graph_layout (with as_decode_rows)")
         timer.wrap(node.runner.graphs, "run", "graphs.run (with attention.plan)")
+        timer.wrap(torch.cuda.CUDAGraph, "replay", "graphs.run: replay")
     timer.wrap(node.runner.model, "forward", "eager forward (with attention.plan)")
     timer.wrap(node.runner.sampler, "launch", "sampler.launch")
     timer.wrap(sampling.PendingSamples, "read", "samples.read")
@@ -174,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compile-mode", default="deterministic", help="the server's compile_mode")
+    parser.add_argument("--tiny-width", action="store_true", help="the layers, with small widths")
     parser.add_argument("--max-num-seqs", type=int, default=1, help="the server's (the bench's c=1)")
     parser.add_argument("-o", "--output", default="llm-hit-profile.json")
     args = parser.parse_args(argv)
@@ -181,12 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     from mstar.models.qwen3.config import QWEN3_CONFIGS
 
     config = QWEN3_CONFIGS[args.model]
+    if args.tiny_width:
+        config = tiny_width(config)
     num_prompt = args.shared_tokens + args.own_tokens
-    result: dict[str, Any] = {"model": args.model, "shared_tokens": args.shared_tokens}
+    result: dict[str, Any] = {"model": args.model, "tiny_width": args.tiny_width}
+    result["shared_tokens"] = args.shared_tokens
     result["own_tokens"] = args.own_tokens
     result["front_ms"] = front_ms(config.vocab_size, num_prompt, config.max_position_embeddings, args.runs)
     print(json.dumps({"front_ms": result["front_ms"]}), flush=True)
-    node, _ = build(args.model, args.max_num_seqs, args.device, args.compile_mode)
+    node, _ = build(args.model, args.max_num_seqs, args.device, args.compile_mode, config)
     result["node"] = node_ms(node, config.vocab_size, args.shared_tokens, args.own_tokens, args.runs)
     result["recompiles_after_warmup"] = node.num_recompiles()
     print(json.dumps(result, indent=1), flush=True)

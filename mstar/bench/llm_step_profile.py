@@ -59,18 +59,23 @@ class PartTimer:
         self._wrapped.clear()
 
 
-def build(model_name: str, max_num_seqs: int, device: str, compile_mode: str) -> tuple[Any, Any]:
+def build(
+    model_name: str, max_num_seqs: int, device: str, compile_mode: str, config: Any = None
+) -> tuple[Any, Any]:
     """The node as the server builds it (mstar.models.qwen3.nodes: the speed-up transform under
-    `compile_mode`, compiled at warmup before the decode graphs)."""
+    `compile_mode`, compiled at warmup before the decode graphs); `config` replaces the released
+    shapes of `model_name` when given."""
     import torch
 
     from mstar.config import ServerConfig
     from mstar.graph import BuildContext
+    from mstar.llm.build import use_one_cpu_thread
     from mstar.llm.tokenizer import ByteTokenizer
     from mstar.models.qwen3.config import QWEN3_CONFIGS
     from mstar.models.qwen3.nodes import build_qwen3_llm_node, load_qwen3
 
-    config = QWEN3_CONFIGS[model_name]
+    use_one_cpu_thread(device)  # as the server's worker runs torch on a CPU (steady under load too)
+    config = config or QWEN3_CONFIGS[model_name]
     model = load_qwen3(config, device, torch.bfloat16, folder=None, seed=0)
     server = ServerConfig(
         model=model_name, max_num_seqs=max_num_seqs, kv_pool_pages=2048, compile_mode=compile_mode

@@ -11,7 +11,7 @@ each an InvalidParam naming the field.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -24,6 +24,8 @@ class TextFrontend:
         self.spec = spec
         self.tokenizer = spec.load_tokenizer(config)
         self.context_length = spec.context_length(config)
+        vocabulary_id = Annotated[int, msgspec.Meta(ge=0, lt=self.tokenizer.vocab_size)]
+        self._token_ids = list[vocabulary_id]
 
     def chat_prompt(
         self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
@@ -38,14 +40,15 @@ class TextFrontend:
     def completion_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             return self._checked("prompt", self.tokenizer.encode(prompt))
-        vocab_size = self.tokenizer.vocab_size
-        in_range = not prompt or (min(prompt) >= 0 and max(prompt) < vocab_size)  # C loops, not Python
-        bad = None if in_range else next(t for t in prompt if not 0 <= t < vocab_size)
-        if bad is not None:
+        try:  # one C pass over the ids (and the copy), not min() and max() over Python ints
+            ids = msgspec.convert(prompt, self._token_ids)
+        except msgspec.ValidationError:
+            vocab_size = self.tokenizer.vocab_size
+            bad = next((t for t in prompt if type(t) is not int or not 0 <= t < vocab_size), None)
             raise InvalidParam(
-                "prompt", f"token id {bad} is outside the vocabulary (0..{self.tokenizer.vocab_size - 1})"
-            )
-        return self._checked("prompt", list(prompt))
+                "prompt", f"token id {bad!r} is outside the vocabulary (0..{vocab_size - 1})"
+            ) from None
+        return self._checked("prompt", ids)
 
     def _checked(self, field: str, ids: list[int]) -> list[int]:
         if not ids:

@@ -70,6 +70,36 @@ def test_the_number_bound_holds_however_the_body_is_parsed():
     assert parse_json_object(json.dumps({"prompt": ids, "t": 0.7}).encode()) == {"prompt": ids, "t": 0.7}
 
 
+BODIES_JSON_LOADS_TAKES = [
+    b'{"a": 1, "a": 2, "b": [true, null, -0.0, 1E+2, 18446744073709551616]}',
+    b'{"s": "\\u00e9\\ud83d\\ude00 \\" \\\\ \\n", "\\u0000": {}}',
+    b'{"t": NaN, "u": -Infinity}',  # refused by msgspec, taken by json.loads as before
+    b'{"s": "\\ud800"}',  # a lone surrogate
+    b'{"f": 1e400, "g": 0.1000000000000000055511151231257827}',
+]
+BODIES_BOTH_REFUSE = [
+    b'{"a": "x\ny"}',
+    b'{"a": 01}',
+    b'{"a": .5}',
+    b"{}x",
+    b'{"a": "\\x"}',
+    b"\xef\xbb\xbf{}",
+]
+
+
+def test_every_body_means_what_json_loads_makes_of_it():
+    """The fast decoder and json.loads agree: the same values, NaN and the rest through json.loads
+    (so the schema names the field), and what json.loads refuses is a 400."""
+    for raw in BODIES_JSON_LOADS_TAKES:
+        expected = json.loads(raw.decode())
+        assert repr(parse_json_object(raw)) == repr(expected)  # repr: NaN != NaN
+    for raw in BODIES_BOTH_REFUSE:
+        with pytest.raises(ValueError):
+            json.loads(raw.decode("utf-8"))
+        with pytest.raises(ApiError, match="not valid JSON"):
+            parse_json_object(raw)
+
+
 def test_a_token_id_prompt_validates_as_the_union_would():
     """A list of plain ints skips the union's member-by-member tries; everything else (booleans,
     floats, mixed lists, batches) meets the union, with the error it always gave."""
@@ -101,7 +131,10 @@ def test_a_token_id_outside_the_vocabulary_is_named():
             return 4096
 
     frontend = TextFrontend(Spec(), None)
-    assert frontend.completion_prompt([0, 511, 7]) == [0, 511, 7]
+    ids = [0, 511, 7]
+    assert frontend.completion_prompt(ids) == ids and frontend.completion_prompt(ids) is not ids
+    with pytest.raises(InvalidParam, match="token id True is outside"):
+        frontend.completion_prompt([1, True])
     for bad, first in (([3, 512, -1], 512), ([3, -1, 512], -1)):
         with pytest.raises(InvalidParam, match=f"token id {first} is outside the vocabulary"):
             frontend.completion_prompt(bad)

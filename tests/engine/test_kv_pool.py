@@ -228,6 +228,36 @@ def test_a_layout_as_decode_rows_keeps_slots_positions_and_attention():
         PagedLayout.build([2], [2], [[1]], 4, causal=False).as_decode_rows()
 
 
+def test_the_arrays_as_decode_rows_carries_are_what_its_rows_build():
+    """as_decode_rows hands its rows their page table, slots and positions ready made (from the
+    segments' own): the same arrays a layout built from the rows' lengths and pages computes."""
+    pages = tuple(range(20, 46))
+    layout = PagedLayout.build(
+        [1, 1, 5, 7, 4], [9, 4, 103, 7, 13], [[3, 4, 5], [8], pages[:26], [60, 61], [1, 2, 9, 10]], 4
+    )
+    rows = layout.as_decode_rows()
+    fresh = PagedLayout.build([1] * rows.num_segments, rows.kv_lens, rows.page_ids, 4)
+    assert fresh == rows and fresh.num_decode == rows.num_decode == 18
+    for name in (
+        "kv_page_indices",
+        "kv_page_indptr",
+        "kv_last_page_lens",
+        "qo_indptr",
+        "write_slots",
+        "new_positions",
+    ):
+        carried, built = getattr(rows, name), getattr(fresh, name)
+        assert carried.dtype == built.dtype and carried.tolist() == built.tolist(), name
+    padded = pad_decode_layout(rows, rows.num_segments + 3, scratch_page=99)
+    fresh = PagedLayout.build([1] * 21, rows.kv_lens + (1,) * 3, rows.page_ids + ((99,),) * 3, 4)
+    assert fresh == padded and padded.num_decode == 21
+    for name in ("kv_page_indices", "kv_page_indptr", "kv_last_page_lens", "write_slots", "new_positions"):
+        carried, built = getattr(padded, name), getattr(fresh, name)
+        assert carried.dtype == built.dtype and carried.tolist() == built.tolist(), name
+    assert layout.new_positions.tolist() == [8, 3, 98, 99, 100, 101, 102, 0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12]
+    assert layout.qo_indptr.tolist() == [0, 1, 2, 7, 14, 18] and layout.qo_indptr.dtype == np.int32
+
+
 def test_page_tables_built_at_once_equal_the_rows_pages():
     """as_decode_rows and pad_decode_layout give their flat page table ready made: the same entries
     as every row's pages in order; the whole range of a layout is the layout itself."""

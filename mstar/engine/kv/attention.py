@@ -159,13 +159,4 @@ def pad_decode_layout(layout: PagedLayout, num_rows: int, scratch_page: int) -> 
     extra = num_rows - layout.num_segments
     if extra == 0:
         return layout
-    padded = PagedLayout.build(
-        layout.q_lens + (1,) * extra,
-        layout.kv_lens + (1,) * extra,
-        layout.page_ids + ((scratch_page,),) * extra,
-        layout.page_tokens,
-        num_rows,
-        layout.causal,
-    )
-    scratch = np.full(extra, scratch_page, dtype=np.int32)
-    return padded.with_page_indices(np.concatenate([layout.kv_page_indices, scratch]))
+    return layout.with_scratch_rows(extra, scratch_page)

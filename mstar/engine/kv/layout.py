@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -136,9 +136,9 @@ class PagedLayout:
     def new_positions(self) -> np.ndarray:
         """int64 [total_q]: the position in its sequence of every new token (rotary embeddings)."""
         q = np.asarray(self.q_lens, dtype=np.int64)
-        starts = np.asarray(self.kv_lens, dtype=np.int64) - q
-        within = np.arange(self.total_q, dtype=np.int64) - np.repeat(_indptr(self.q_lens)[:-1], q)
-        return np.repeat(starts, q) + within
+        # token t of segment i is at kv_lens[i] - q_lens[i] + (t - qo_indptr[i])
+        offsets = np.asarray(self.kv_lens, dtype=np.int64) - q - self.qo_indptr[:-1]
+        return np.arange(self.total_q, dtype=np.int64) + np.repeat(offsets, q)
 
     @cached_property
     def gather_slots(self) -> np.ndarray:
@@ -164,22 +164,58 @@ class PagedLayout:
         pays where a step has few new tokens (a prompt's tail after a prefix-cache hit)."""
         if not self.causal:
             raise ValueError("paged layout: only a causal layout runs as decode rows")
+        tokens = self.page_tokens
         kv_lens: list[int] = []
         page_ids: list[tuple[int, ...]] = []
+        counts: list[int] = []
         indices: list[np.ndarray] = []  # the page table, gathered from each segment's pages at once
+        slots: list[np.ndarray] = []
         for q_len, kv_len, ids in zip(self.q_lens, self.kv_lens, self.page_ids, strict=True):
-            ends = np.arange(kv_len - q_len + 1, kv_len + 1)
-            counts = -(-ends // self.page_tokens)  # pages of each row
-            kv_lens += ends.tolist()
-            page_ids += [ids[:count] for count in counts.tolist()]
-            indices.append(np.asarray(ids, dtype=np.int32)[_concatenated_ranges(counts)])
-        rows = PagedLayout.build([1] * len(kv_lens), kv_lens, page_ids, self.page_tokens, len(kv_lens))
-        return rows.with_page_indices(np.concatenate(indices))
+            row_ends = np.arange(kv_len - q_len + 1, kv_len + 1)  # int64: each row's kv_len
+            row_counts = (row_ends + (tokens - 1)) // tokens  # pages of each row
+            pages = np.asarray(ids, dtype=np.int32)
+            kv_lens += row_ends.tolist()
+            counts += (row_counts_list := row_counts.tolist())
+            page_ids += [ids[:count] for count in row_counts_list]
+            indices.append(pages[_concatenated_ranges(row_counts)])
+            last = row_ends - 1  # the row's own token: its position, and where it is written
+            slots.append(pages[last // tokens].astype(np.int64) * tokens + last % tokens)
+        rows = PagedLayout.build([1] * len(kv_lens), kv_lens, page_ids, tokens, len(kv_lens))
+        # the arrays the rows would build entry by entry, known here at once from each segment's
+        # pages (a prefix-cache hit's tail repeats the prefix's pages in every row)
+        positions = np.asarray(kv_lens, dtype=np.int64) - 1
+        return rows._with_arrays(
+            kv_page_indices=np.concatenate(indices),
+            kv_page_indptr=_indptr(counts),
+            kv_last_page_lens=(positions % tokens + 1).astype(np.int32),
+            write_slots=np.concatenate(slots),
+            new_positions=positions,
+        )
+
+    def with_scratch_rows(self, count: int, scratch_page: int) -> PagedLayout:
+        """This decode layout and `count` more decode rows of one token each on `scratch_page`,
+        its arrays extended from this layout's (a padded CUDA-graph step builds none again)."""
+        tokens = self.page_tokens
+        padded = PagedLayout.build(
+            self.q_lens + (1,) * count, self.kv_lens + (1,) * count,
+            self.page_ids + ((scratch_page,),) * count, tokens, self.num_decode + count, self.causal,
+        )  # fmt: skip
+        indptr = self.kv_page_indptr
+        return padded._with_arrays(
+            kv_page_indices=np.concatenate([self.kv_page_indices, np.full(count, scratch_page, np.int32)]),
+            kv_page_indptr=np.concatenate([indptr, indptr[-1] + np.arange(1, count + 1, dtype=np.int32)]),
+            kv_last_page_lens=np.concatenate([self.kv_last_page_lens, np.ones(count, np.int32)]),
+            write_slots=np.concatenate([self.write_slots, np.full(count, scratch_page * tokens, np.int64)]),
+        )
 
     def with_page_indices(self, indices: np.ndarray) -> PagedLayout:
         """This layout with its flat page table already known (int32, every row's pages in order:
         what kv_page_indices would build entry by entry); returns self."""
-        self.__dict__["kv_page_indices"] = indices  # the cached_property's slot (frozen fields stay)
+        return self._with_arrays(kv_page_indices=indices)
+
+    def _with_arrays(self, **arrays: np.ndarray) -> PagedLayout:
+        """Set cached arrays known to equal what their properties would build; returns self."""
+        self.__dict__.update(arrays)  # the cached_properties' slots (the frozen fields stay)
         return self
 
     @property
@@ -211,6 +247,6 @@ def _concatenated_ranges(counts: np.ndarray) -> np.ndarray:
 
 
 def _indptr(lengths: Sequence[int]) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=out[1:])
-    return out
+    """int32 [len + 1]: 0, then the running sums (one C loop; np.cumsum into a slice of zeros
+    costs several times more for the few segments of a step)."""
+    return np.fromiter(accumulate(lengths, initial=0), dtype=np.int32, count=len(lengths) + 1)

@@ -117,9 +117,9 @@ class FlashInferPagedWrapper(PagedWrapper):
             )  # fmt: skip
         if prefill is not None:
             self._prefill = self._prefill or self._new_prefill_wrapper()
-            indptr, indices, last = _page_table(prefill, self._pin)
+            indptr, indices, last, qo_indptr = _page_table(prefill, self._pin, with_qo=True)
             self._prefill.plan(
-                _host(prefill.qo_indptr, self._pin), indptr, indices, last, heads.num_q_heads,
+                qo_indptr, indptr, indices, last, heads.num_q_heads,
                 heads.num_kv_heads, heads.head_dim, heads.page_tokens, causal=True,
                 non_blocking=True, **common,
             )  # fmt: skip
@@ -147,11 +147,14 @@ class FlashInferPagedWrapper(PagedWrapper):
         return torch.cat([self._decode.run(q[:num_decode], cache), self._prefill.run(q[num_decode:], cache)])
 
 
-def _page_table(layout: PagedLayout, pin: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(kv page indptr, page indices, last page lens) as host int32 tensors."""
-    return tuple(
-        _host(a, pin) for a in (layout.kv_page_indptr, layout.kv_page_indices, layout.kv_last_page_lens)
-    )
+def _page_table(layout: PagedLayout, pin: bool, with_qo: bool = False) -> tuple[torch.Tensor, ...]:
+    """(kv page indptr, page indices, last page lens), then the qo indptr when asked, as host int32
+    tensors: views of one (pinned) buffer, so a plan stages one host copy, not one per array."""
+    arrays = [layout.kv_page_indptr, layout.kv_page_indices, layout.kv_last_page_lens]
+    if with_qo:
+        arrays.append(layout.qo_indptr)
+    staged = _host(np.concatenate(arrays), pin)
+    return tuple(torch.split(staged, [len(a) for a in arrays]))
 
 
 def _host(array: np.ndarray, pin: bool) -> torch.Tensor:
