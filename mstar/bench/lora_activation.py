@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from mstar.engine.lora.bench import WAN_ROWS, ZIMAGE_ROWS
+from mstar.engine.timing import device_ms
 
 RANK, NUM_REQUESTS = 32, 4
 CANDIDATE_TILES = [(64, 128, 4), (128, 128, 8), (128, 64, 8), (64, 64, 4), (128, 256, 8)]
@@ -26,18 +27,6 @@ SHAPES = {
     "wan2.2 ffn in": ("gelu_tanh", 1, 14336, 2 * WAN_ROWS),
     "z-image w13": ("swiglu", 2, 10240, ZIMAGE_ROWS),
 }
-
-
-def _time_us(fn, repeats: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * start.elapsed_time(end) / repeats
 
 
 def _activated(y: torch.Tensor, activation: str) -> torch.Tensor:
@@ -61,12 +50,17 @@ def bench_shape(name: str) -> None:
     plain = torch.compile(lambda y: _activated(y, activation), dynamic=True)
     grouped = torch.compile(lambda y, delta: _activated(y + delta, activation), dynamic=True)
     out_bytes = 2 * num_rows * width
-    timings = {"act(y)": (_time_us(lambda: plain(y)), 2 * y.numel() + out_bytes)}
-    timings["act(y + delta)"] = (_time_us(lambda: grouped(y, delta)), 4 * y.numel() + out_bytes)
+    timings = {"act(y)": (1000 * device_ms(lambda: plain(y), "cuda", 50), 2 * y.numel() + out_bytes)}
+    timings["act(y + delta)"] = (
+        1000 * device_ms(lambda: grouped(y, delta), "cuda", 50),
+        4 * y.numel() + out_bytes,
+    )
     for tiles in dict.fromkeys([TILES[activation], *CANDIDATE_TILES]):
         label = f"kernel {tiles}{' (TILES)' if tiles == TILES[activation] else ''}"
         try:
-            us = _time_us(lambda tiles=tiles: run_triton(y, hidden, b_seg, ends, activation, tiles))
+            us = 1000 * device_ms(
+                lambda tiles=tiles: run_triton(y, hidden, b_seg, ends, activation, tiles), "cuda", 50
+            )
         except Exception as error:  # a config past the device's registers or shared memory
             print(f"{name}: {label} does not run: {type(error).__name__}", flush=True)
             continue

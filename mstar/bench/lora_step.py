@@ -31,6 +31,7 @@ import torch
 
 from mstar.diffusion.denoise import COND, UNCOND, DenoiseItem
 from mstar.engine.lora.paths import PATHS
+from mstar.engine.timing import device_ms
 
 RANK, NUM_REQUESTS = 32, 4
 LOAD_TIMEOUT_S = 600
@@ -151,22 +152,6 @@ def _write_adapters(folder: str, dit, targets, rank: int) -> list[str]:
     return names
 
 
-def _time_ms(fn, device: str, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    if not device.startswith("cuda"):
-        started = time.perf_counter()
-        fn()
-        return 1000 * (time.perf_counter() - started)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
-
-
 def _load(lora, folder: str, names: list[str], family: str) -> None:
     """Acquire one adapter per request through the store and wait until all are resident."""
     from mstar.params import LoraChoice
@@ -214,11 +199,11 @@ def bench_family(name: str, tiny: bool, device: str, repeats: int = 10, paths: S
         pipeline.lora = lora
         with_lora, without = family.items("r"), family.items("none")
         with torch.inference_mode():
-            base = _time_ms(lambda: pipeline.predict(without), device, repeats)
+            base = device_ms(lambda: pipeline.predict(without), device, repeats)
             for path in paths or [None]:
                 for layer in lora.layers.layers if path else ():
                     layer.lora_path = path
-                ours = _time_ms(lambda: pipeline.predict(with_lora), device, repeats)
+                ours = device_ms(lambda: pipeline.predict(with_lora), device, repeats)
                 print(f"{name} {family.workload}: {NUM_REQUESTS} requests, one step: {base:.1f} ms without "
                       f"LoRA, {ours:.1f} ms with {NUM_REQUESTS} different rank-{RANK} adapters"
                       f"{f' ({path} path)' if path else ''} (+{100 * (ours / base - 1):.1f}%; goal <= 10%)",

@@ -27,6 +27,7 @@ from mstar.engine.lora.linear import LoraRows
 from mstar.engine.lora.paths import LINEAR_PATHS, choose_path, path_bytes_per_row
 from mstar.engine.lora.weights import load_adapter
 from mstar.engine.lora.wrap import LoraLayers, LoraSlice, LoraTarget, linear_targets
+from mstar.engine.timing import device_ms
 
 RANK, NUM_ADAPTERS = 32, 4
 WAN_ROWS = 3120  # tokens of one 832x480x33 label, as the served step packs them
@@ -55,22 +56,6 @@ FAMILIES = {
         ("single out", 12288, 3072, 1, 20, FLUX2_IMAGE_ROWS + FLUX2_TEXT_ROWS),
     ]),
 }  # fmt: skip
-
-
-def _time_ms(fn, repeats=20) -> float:
-    for _ in range(3):
-        fn()
-    if not torch.cuda.is_available():  # the CPU smoke test
-        started = time.perf_counter()
-        fn()
-        return 1000 * (time.perf_counter() - started)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def _sync(device: str) -> None:
@@ -105,9 +90,9 @@ def bench_shape(family, shape, bias, labels, device="cuda") -> dict[str, float]:
         compiled = CompiledFunction(linear, mode, f"lora-bench {family} {name} {path}", duck_shapes=False)
         with torch.inference_mode():
             if "base" not in timings:
-                timings["base"] = _time_ms(functools.partial(compiled, x))
+                timings["base"] = device_ms(functools.partial(compiled, x), device)
             layers.context.set("tokens", LoraRows.build(lengths, choices, device, torch.bfloat16))
-            timings[path] = _time_ms(functools.partial(compiled, x))
+            timings[path] = device_ms(functools.partial(compiled, x), device)
     cost = path_bytes_per_row(in_features, out_features, num_slices, NUM_ADAPTERS, RANK, len(x))
     picked = choose_path(in_features, out_features, num_slices, NUM_ADAPTERS, RANK, many_rows=True)
     parts = [f"{p} {timings[p]:.3f} ms (+{100 * (timings[p] / timings['base'] - 1):.1f}%, model {cost[p] / 1000:.1f} kB/row)"
