@@ -43,7 +43,11 @@ def _adapter(layers: LoraLayers, dit, seed: int) -> dict[str, ModuleLora]:
     return adapter
 
 
-@pytest.mark.parametrize("kernels", [False, True], ids=["eager", "kernels"])
+# the default tier runs the kernels path (grouped for every Linear but the FFN's first, which
+# takes the activation kernel); the plain path repeats the grouped half, so it is in the slow tier
+@pytest.mark.parametrize(
+    "kernels", [pytest.param(False, marks=pytest.mark.slow), True], ids=["eager", "kernels"]
+)
 def test_new_adapters_and_packs_compile_nothing(kernels):
     torch.manual_seed(0)
     dit = WanDiT(tiny_wan22_config().dit).eval().to(torch.bfloat16)

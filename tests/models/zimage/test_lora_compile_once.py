@@ -38,7 +38,11 @@ def _item(rid, height, width, caption_tokens, seed):
     return DenoiseItem(rid, COND, latents, 400.0, 0.4, 0, text, {})
 
 
-@pytest.mark.parametrize("kernels", [False, True], ids=["eager", "kernels"])
+# the default tier runs the kernels path (grouped for every Linear but the FFN's first, which
+# takes the activation kernel); the plain path repeats the grouped half, so it is in the slow tier
+@pytest.mark.parametrize(
+    "kernels", [pytest.param(False, marks=pytest.mark.slow), True], ids=["eager", "kernels"]
+)
 def test_new_adapters_and_packs_compile_nothing(kernels):
     torch.manual_seed(0)
     dit = build_dit(CONFIG, "cpu", torch.bfloat16)
