@@ -6,8 +6,9 @@ holds.
 
 As the pipeline: the prompt is Qwen3's layers 9/18/27 over 512 padded tokens, the negative one ""
 (only under classifier-free guidance: guidance_scale > 1 on an undistilled checkpoint); latents
-are float32 CPU-seeded noise [128, H/16, W/16] (the patchified, batch-normalised grid); reference
-images are scaled to at most 1024^2 pixels, cropped to multiples of 16 and VAE-encoded (the mode);
+are CPU-seeded noise [128, H/16, W/16] (the patchified, batch-normalised grid) drawn in the
+prompt embeddings' dtype and held in float32; reference images are scaled to at most 1024^2
+pixels, cropped to multiples of 16 and VAE-encoded (the mode);
 sigmas linspace(1, 1/N, N) time-shifted by the empirical mu of the output's tokens and N; the DiT
 predicts the velocity and guidance is neg + scale * (pos - neg).
 """
@@ -126,8 +127,10 @@ class Flux2KleinPipeline:
             request.tensors.pop(reference_latents_key(index)).to(self.device, torch.float32)
             for index in range(len(params.reference_sizes))
         ]
+        # drawn in the prompt embeddings' dtype (bf16 on a GPU), as the pipeline draws it: a CPU
+        # generator's bf16 normals are not its float32 ones rounded in every torch release
         latents = seeded_noise(
-            (self.config.transformer.in_channels, rows, cols), params.seed, device=self.device
+            (self.config.transformer.in_channels, rows, cols), params.seed, texts[COND].dtype, self.device
         )
         tokens = self.geometry.tokens(params.width, params.height, params.reference_sizes)
         return DenoiseStart(

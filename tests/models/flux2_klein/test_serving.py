@@ -132,3 +132,29 @@ def test_alone_and_packed_with_other_sizes_and_references_give_the_same_bytes(di
         (latents,) = generate(distilled_nodes, [alone])
         assert torch.equal(latents, packed_latents[index]), alone.request_id
         assert torch.equal(alone.tensors["frames"], packed[index].tensors["frames"]), alone.request_id
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_initial_noise_is_drawn_as_the_pipeline_draws_it(dtype):
+    """The pipeline draws its noise with randn_tensor in the prompt embeddings' dtype (bf16 on a
+    GPU) from the CPU generator: a bf16 draw is not the float32 one rounded in every torch release
+    (torch 2.11's differ outright), so ours is drawn in that dtype too, then held in float32."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    from mstar.diffusion.denoise import COND
+    from mstar.models.flux2_klein.pipeline import TEXT_OF_LABEL, Flux2KleinPipeline
+
+    spec = TinyFlux2KleinSpec()
+    request = make_request(spec, "a", prompt="p", width=64, height=48, num_inference_steps=2, seed=5)
+    config = spec.preset  # distilled: one label
+    request.tensors[TEXT_OF_LABEL[COND]] = torch.zeros(config.max_sequence_length, 3, dtype=dtype)
+    pipeline = Flux2KleinPipeline(config, "cpu")
+    start = pipeline.prepare_latents(request)
+    rows, cols = pipeline.geometry.latent_grid(64, 48)
+    expected = randn_tensor(
+        (1, config.transformer.in_channels, rows, cols),
+        generator=torch.Generator().manual_seed(5),
+        dtype=dtype,
+    )
+    assert start.latents.dtype == torch.float32
+    torch.testing.assert_close(start.latents, expected[0].float(), rtol=0, atol=0)
