@@ -104,7 +104,9 @@ def test_decode_graph_replay_equals_eager_decode():
 
 def test_a_prefill_tail_replayed_as_decode_rows_equals_the_eager_prefill():
     """A prefix-cache hit's tail (24 new tokens after 200 in the pool, and a decode row beside it)
-    replayed in the decode graph of 32 rows gives the eager prefill's logits."""
+    replayed in the decode graph of 32 rows gives the eager prefill's logits: both against a float32
+    twin over a float32 copy of the pool, the replay no further off than the eager prefill's own bf16
+    error allows (decode and prefill kernels round differently: 1.1e-2 apart on the H200)."""
     pytest.importorskip("flashinfer")
     from mstar.llm.graphs import DecodeGraphs
     from mstar.models.qwen3.nodes import load_qwen3
@@ -116,6 +118,7 @@ def test_a_prefill_tail_replayed_as_decode_rows_equals_the_eager_prefill():
     # room for the rows' page table: each row lists its sequence's pages up to itself
     pool = KVPool(KVGeometry(config.num_hidden_layers, 2, 128, torch.bfloat16, PAGE), 512, "cuda")
     pool.cache.normal_(generator=torch.Generator("cuda").manual_seed(0))  # the cached prefix's keys
+    twin = float32_twin(model, pool, config)  # copies the pool before the steps below write to it
     attention = build_paged_attention(pool, heads, "flashinfer", cuda_graphs=True)
     graphs = DecodeGraphs(model, attention, [1, 8, 32])
     graphs.capture()
@@ -128,7 +131,36 @@ def test_a_prefill_tail_replayed_as_decode_rows_equals_the_eager_prefill():
     attention.plan(layout)
     with torch.inference_mode():
         eager = model.logits(model(ids.cuda(), positions.cuda(), attention))
-    assert float((replayed - eager).norm() / eager.norm()) < 1e-2
+    expected = twin(layout, ids.cuda(), positions.cuda())
+    eager_error = relative_error(eager, expected)
+    assert relative_error(replayed, expected) <= max(1e-2, 1.5 * eager_error)
+
+
+def float32_twin(model, pool, config):
+    """run(layout, ids, positions) -> float32 logits of a float32 copy of `model` on the torch paged
+    backend over a float32 copy of `pool` as it is now."""
+    import copy
+
+    heads = PagedHeads(config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+                       torch.float32, PAGE, config.head_dim**-0.5)  # fmt: skip
+    geometry = KVGeometry(
+        config.num_hidden_layers, config.num_key_value_heads, config.head_dim, torch.float32, PAGE
+    )
+    pool32 = KVPool(geometry, pool.num_pages, pool.device)
+    pool32.cache.copy_(pool.cache.float())
+    model32 = copy.deepcopy(model).float()
+    attention = build_paged_attention(pool32, heads, "torch")
+
+    @torch.inference_mode()
+    def run(layout, ids, positions):
+        attention.plan(layout)
+        return model32.logits(model32(ids, positions, attention)).float()
+
+    return run
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.float() - expected).norm() / expected.norm())
 
 
 @pytest.mark.parametrize("model", sorted(SHAPES))
