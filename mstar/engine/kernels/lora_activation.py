@@ -30,8 +30,10 @@ except ImportError:
     lora_activation_kernel = None
 
 ACTIVATIONS = {"gelu_tanh": 1, "swiglu": 2}  # activation -> slices of y it reads
-# (BLOCK_M, BLOCK_N, num_warps) per activation; BLOCK_K splits the shrink's K*R columns
-TILES = {"gelu_tanh": (128, 128, 8), "swiglu": (128, 64, 8)}
+# (BLOCK_M, BLOCK_N, num_warps) per activation, the fastest of `python -m mstar.bench.lora_activation`
+# on the H200 (Wan's FFN-in, 24,960 rows, 515 us against 1,053 for (128, 128, 8); Z-Image's w13,
+# 16,896 rows, 423 us against 494 for (128, 64, 8)); BLOCK_K splits the shrink's K*R columns
+TILES = {"gelu_tanh": (64, 128, 4), "swiglu": (64, 64, 4)}
 BLOCK_K = 32
 
 
