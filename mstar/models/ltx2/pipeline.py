@@ -237,9 +237,10 @@ class LTX2Pipeline:
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Final video latents [C, F', H', W'] -> uint8 frames [F, H, W, 3] (decode timestep 0: the
-        released decoder takes none)."""
+        released decoder takes none). The latents are cast to the DiT's dtype before they are
+        denormalized, as the pipeline casts them to its prompt embeddings' (bf16 on a GPU)."""
         weight = next(self.vae.parameters())
-        latents = self.vae.denormalize(latents.to(weight.device, torch.float32)[None])
+        latents = self.vae.denormalize(latents.to(weight.device, self.dtype)[None])
         timestep = torch.full((1,), self.config.defaults.decode_timestep, device=weight.device)
         return to_uint8_frames(self.vae.decode(latents, timestep)[0])
 
