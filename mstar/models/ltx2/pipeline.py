@@ -14,6 +14,7 @@ the rule with the request's state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -231,6 +232,16 @@ class LTX2Pipeline:
         )
         setup = RequestSetup(None, StreamGuidance(), StreamGuidance(), float(fps))
         return DenoiseItem("warmup", COND, latents, 999.0, 1.0, 0, text.to(self.dtype), {REQUEST: setup})
+
+    def warmup_steps(self, size) -> list[list[DenoiseItem]]:
+        """The boot warmup's packed steps of a compile size: one item, two, then a request's guided
+        step at the defaults (cond, uncond, isolated): the isolated items skip the audio-video cross
+        attention, and a pack whose cross part is shorter than the whole is its own graph."""
+        item = self.warmup_item(size)
+        d = self.config.defaults
+        labels = self.spec.geometry.labels(d.guidance_scale)
+        guided = [dataclasses.replace(item, label=label) for label in labels]
+        return [[item], [item, item], guided]
 
     # ---- 4. decode (vae_decoder and audio_decoder nodes) --------------------------------------
 
