@@ -31,6 +31,7 @@
 #                                     served with --model-path                              ~5 / ~4 min
 # (`wheels test` packs what the test phase needs: diffusers, fa3-fwd, PyAV and the server's deps)
 # LTX-2 at its pipeline's default 768x512x121 and at 1280x704x121, each row one call:
+#   baseline ltx2 | ltx2-704p                        LTX2Pipeline eager and compiled (two JSONs) | eager
 #   step ltx2 | step ltx2-704p                       the guided step (cond, uncond, isolated passes)
 #   serve ltx2                                       first against steady, c=1 p50, c=2, a new size
 #   serve ltx2-c4                                    first against steady, c=4 (one wave of 4)
@@ -121,6 +122,17 @@ baseline() {  # diffusers' pipelines end to end (random weights of the real conf
       [ "$1" = cosmos3-720p ] && workload=cosmos3-720p-t2v timed=2
       guarded "diffusers-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench diffusers --workloads "$workload" \
         --modes eager,compiled --num-warmup 1 --num-timed "$timed" -o "$out/diffusers-$1.json"
+      return 0 ;;
+    ltx2)  # LTX2Pipeline 768x512x121, 30 steps (4 DiT passes a step): eager, then compiled, each its
+      # own JSON so that the eager figures stay if the compiled run meets the budget (~50 s a video)
+      guarded diffusers-ltx2-eager 240 "$PYTHON" -m mstar.cli bench diffusers --workloads ltx2-512p-t2v \
+        --modes eager --num-warmup 1 --num-timed 2 -o "$out/diffusers-ltx2-eager.json"
+      guarded diffusers-ltx2-compiled "$(left_s)" "$PYTHON" -m mstar.cli bench diffusers \
+        --workloads ltx2-512p-t2v --modes compiled --num-warmup 1 --num-timed 1 -o "$out/diffusers-ltx2-compiled.json"
+      return 0 ;;
+    ltx2-704p)  # 1280x704x121: about 2 min a video eager, so eager alone fits a call
+      guarded diffusers-ltx2-704p "$(left_s)" "$PYTHON" -m mstar.cli bench diffusers --workloads ltx2-704p-t2v \
+        --modes eager --num-warmup 1 --num-timed 1 -o "$out/diffusers-ltx2-704p.json"
       return 0 ;;
   esac
   [ "${1:-zimage}" != wan ] && guarded diffusers-zimage 200 "$PYTHON" -m mstar.cli bench diffusers \

@@ -12,8 +12,9 @@ set its family names) and its latents (a tensor, or several per request: video a
 pipeline's business; the node only packs, counts and stops. Its step cost is the request's tokens
 per label times its labels (the unit of max_tokens_per_step). Boot warmup runs one and two items
 of each configured size through `predict` (`pipeline.warmup_item(size)`, or each of
-`pipeline.warmup_items(size)` where the family warms several kinds of item: FLUX.2's edits), then
-marks the compiled parts warm: a compile after that is a recompile.
+`pipeline.warmup_items(size)` where the family warms several kinds of item: FLUX.2's edits), or
+the batches of `pipeline.warmup_steps(size)` where a step's mix of kinds changes the graph (LTX-2's
+isolated items), then marks the compiled parts warm: a compile after that is a recompile.
 """
 
 from __future__ import annotations
@@ -258,8 +259,13 @@ class DenoiseNode(Node):
                 self._warmup_predicts()
 
     def _warmup_predicts(self) -> None:
+        steps = getattr(self.pipeline, "warmup_steps", None)
         many = getattr(self.pipeline, "warmup_items", None)
         for size in self.warmup_sizes:
+            if steps is not None:  # the family's own batches, each one packed step
+                for batch in steps(size):
+                    self.pipeline.predict(batch)
+                continue
             for item in many(size) if many is not None else [self.pipeline.warmup_item(size)]:
                 self.pipeline.predict([item])
                 self.pipeline.predict([item, item])

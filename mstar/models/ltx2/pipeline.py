@@ -14,6 +14,7 @@ the rule with the request's state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -232,14 +233,25 @@ class LTX2Pipeline:
         setup = RequestSetup(None, StreamGuidance(), StreamGuidance(), float(fps))
         return DenoiseItem("warmup", COND, latents, 999.0, 1.0, 0, text.to(self.dtype), {REQUEST: setup})
 
+    def warmup_steps(self, size) -> list[list[DenoiseItem]]:
+        """The boot warmup's packed steps of a compile size: one item, two, then a request's guided
+        step at the defaults (cond, uncond, isolated): the isolated items skip the audio-video cross
+        attention, and a pack whose cross part is shorter than the whole is its own graph."""
+        item = self.warmup_item(size)
+        d = self.config.defaults
+        labels = self.spec.geometry.labels(d.guidance_scale)
+        guided = [dataclasses.replace(item, label=label) for label in labels]
+        return [[item], [item, item], guided]
+
     # ---- 4. decode (vae_decoder and audio_decoder nodes) --------------------------------------
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Final video latents [C, F', H', W'] -> uint8 frames [F, H, W, 3] (decode timestep 0: the
-        released decoder takes none)."""
+        released decoder takes none). The latents are cast to the DiT's dtype before they are
+        denormalized, as the pipeline casts them to its prompt embeddings' (bf16 on a GPU)."""
         weight = next(self.vae.parameters())
-        latents = self.vae.denormalize(latents.to(weight.device, torch.float32)[None])
+        latents = self.vae.denormalize(latents.to(weight.device, self.dtype)[None])
         timestep = torch.full((1,), self.config.defaults.decode_timestep, device=weight.device)
         return to_uint8_frames(self.vae.decode(latents, timestep)[0])
 

@@ -143,6 +143,46 @@ def test_initial_noise_is_the_pipelines_draw():
     assert torch.equal(video, theirs_video) and torch.equal(audio, theirs_audio)
 
 
+class _Drawn(Exception):
+    """Stops a pipeline call once its initial noise is drawn."""
+
+
+@pytest.mark.parametrize("image_to_video", [False, True])
+def test_a_bf16_pipeline_draws_float32_noise_from_the_cpu_generator(tiny_folder, monkeypatch, image_to_video):
+    """The pipelines in bf16 (as a GPU runs them) draw the video and then the audio noise in float32
+    from the CPU generator, as initial_noise does: a bf16 draw would not be the float32 one rounded
+    in every torch release (torch 2.11's differ), so a dtype that followed the model would break
+    seeded parity there alone."""
+    import diffusers.pipelines.ltx2.pipeline_ltx2 as t2v
+    import diffusers.pipelines.ltx2.pipeline_ltx2_image2video as i2v
+    from PIL import Image
+
+    folder, _ = tiny_folder
+    module, cls = (i2v, i2v.LTX2ImageToVideoPipeline) if image_to_video else (t2v, t2v.LTX2Pipeline)
+    pipe = cls.from_pretrained(str(folder), dtype=torch.bfloat16)
+    draws = []
+
+    def spy(shape, generator=None, device=None, dtype=None, **_):
+        draws.append((tuple(shape), dtype, generator.device.type))
+        if len(draws) == 2:
+            raise _Drawn
+        return torch.zeros(shape, dtype=dtype)
+
+    monkeypatch.setattr(module, "randn_tensor", spy)
+    extra = {"image": Image.new("RGB", (64, 64))} if image_to_video else {}
+    with pytest.raises(_Drawn), torch.no_grad():
+        pipe(prompt="a", height=64, width=64, num_frames=9, frame_rate=8.0, num_inference_steps=2,
+             generator=torch.Generator("cpu").manual_seed(0), max_sequence_length=16, **extra)  # fmt: skip
+    video = geometry.video_geometry(9, 64, 64, 8.0, TINY)
+    audio = geometry.audio_geometry(9, 8.0, TINY)
+    assert draws == [
+        ((1, *video.latent_shape), torch.float32, "cpu"),
+        ((1, *audio.latent_shape), torch.float32, "cpu"),
+    ]
+    ours = initial_noise(0, video.latent_shape, audio.latent_shape)
+    assert all(noise.dtype == torch.float32 and noise.device.type == "cpu" for noise in ours)
+
+
 def test_geometry_of_the_released_model():
     video = geometry.video_geometry(121, 512, 768, 24.0, LTX2)
     assert video.latent_shape == (128, 16, 16, 24)

@@ -128,3 +128,62 @@ def test_limits_and_validation_name_the_field():
     assert spec.validate(GenerationParams(prompt="a cat", seconds=2.0, fps=8)).num_frames == 17
     video, audio = spec.num_tokens(params)
     assert spec.step_tokens(params) == (video + audio) * 3
+
+
+def test_boot_warmup_packs_a_guided_step_with_its_isolated_item():
+    """Isolated items skip the audio-video cross attention, so a pack whose cross part is shorter
+    than the whole is a graph of its own: the boot warmup packs one and two items, then a request's
+    guided step at the defaults, so that a request's first step compiles nothing."""
+    from mstar.config import CompileSize
+    from mstar.diffusion.denoise import DenoiseNode
+    from mstar.models.ltx2.pipeline import LTX2Pipeline
+
+    packs = []
+
+    def recording_dit(inputs, attention, stg_blocks):
+        packs.append([item.isolated for item in inputs])
+        return [(item.video_latents, item.audio_latents) for item in inputs]
+
+    pipeline = LTX2Pipeline(TINY, "cpu", torch.float32, dit=recording_dit)
+    DenoiseNode(pipeline, warmup_sizes=[CompileSize(width=64, height=32, num_frames=9)]).warmup()
+    assert TinyLTX2Spec().labels(TinyLTX2Spec().validate(GenerationParams(prompt="p"))) == (
+        geometry.COND, geometry.UNCOND, geometry.ISOLATED
+    )  # fmt: skip
+    assert packs == [[False], [False, False], [False, False, True]]
+
+
+@pytest.mark.slow
+def test_after_the_boot_warmup_guided_steps_compile_nothing():
+    """The compiled DiT (fused projections, bf16) warmed as at boot: a request's guided step, two
+    requests of two sizes, and image-to-video's clean first frame then run without a recompile."""
+    from dataclasses import replace
+
+    from mstar.config import CompileSize
+    from mstar.diffusion.denoise import DenoiseNode
+    from mstar.engine.attention import build_attention
+    from mstar.models.ltx2 import weights
+    from mstar.models.ltx2.optimize import optimize
+    from mstar.models.ltx2.pipeline import REQUEST, LTX2Pipeline
+    from mstar.models.scaffold import speed_up
+
+    dtype = torch.bfloat16
+    dit, compiled = speed_up(
+        weights.build_dit(TINY.dit, "cpu", dtype), optimize, True, False, "deterministic", "test.ltx2"
+    )
+    pipeline = LTX2Pipeline(TINY, "cpu", dtype, dit=dit, attention=build_attention("torch", "cpu", dtype))
+    sizes = [CompileSize(width=64, height=32, num_frames=9), CompileSize(width=32, height=64, num_frames=17)]
+    DenoiseNode(pipeline, compiled=compiled, warmup_sizes=sizes[:1]).warmup()
+
+    def guided_step(size, num_clean_frames=0):
+        item = pipeline.warmup_item(size)
+        setup = replace(item.condition[REQUEST], num_clean_frames=num_clean_frames)
+        return [
+            replace(item, label=label, timestep=700.0, condition={REQUEST: setup})
+            for label in (geometry.COND, geometry.UNCOND, geometry.ISOLATED)
+        ]
+
+    with torch.inference_mode():
+        pipeline.predict(guided_step(sizes[0]))
+        pipeline.predict(guided_step(sizes[0]) + guided_step(sizes[1]))
+        pipeline.predict(guided_step(sizes[1], num_clean_frames=1))
+    assert compiled.num_recompiles == 0

@@ -54,6 +54,29 @@ def test_video_decode_matches_diffusers(video_vaes):
     assert snr_db(video, reference) >= MIN_SNR_DB
 
 
+def test_the_decoder_gets_the_latents_the_pipeline_gives_it_in_bf16():
+    """LTX2Pipeline casts its final latents to the prompt embeddings' dtype (bf16 on a GPU) and
+    denormalizes them in it; ours hands the decoder that same bf16 tensor."""
+    from diffusers import LTX2Pipeline as TheirPipeline
+
+    from mstar.models.ltx2.pipeline import LTX2Pipeline
+
+    generator = torch.Generator().manual_seed(2)
+    vae = LTX2VideoVAE(TINY.vae, encoder=False).to(torch.bfloat16).eval()
+    vae.latents_mean.copy_(torch.randn(TINY.vae.latent_channels, generator=generator))
+    vae.latents_std.copy_(torch.rand(TINY.vae.latent_channels, generator=generator) + 0.5)
+    decoded = []
+    decode = vae.decode
+    vae.decode = lambda latents, timestep=None: decoded.append(latents) or decode(latents, timestep)
+    latents = torch.randn(TINY.vae.latent_channels, 1, 2, 2, generator=generator)
+    frames = LTX2Pipeline(TINY, "cpu", torch.bfloat16, vae=vae).decode(latents)
+    expected = TheirPipeline._denormalize_latents(
+        latents[None].to(torch.bfloat16), vae.latents_mean, vae.latents_std, TINY.vae.scaling_factor
+    )
+    assert torch.equal(decoded[0], expected)
+    assert frames.dtype == torch.uint8 and frames.shape[0] == 1
+
+
 def test_video_encode_of_the_first_frame_matches_diffusers(video_vaes):
     ours, theirs = video_vaes
     image = torch.rand(1, 3, 1, 32, 48, generator=torch.Generator().manual_seed(1)) * 2 - 1
