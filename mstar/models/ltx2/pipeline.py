@@ -238,8 +238,7 @@ class LTX2Pipeline:
         step at the defaults (cond, uncond, isolated): the isolated items skip the audio-video cross
         attention, and a pack whose cross part is shorter than the whole is its own graph."""
         item = self.warmup_item(size)
-        d = self.config.defaults
-        labels = self.spec.geometry.labels(d.guidance_scale)
+        labels = self.spec.geometry.labels(self.config.defaults.guidance_scale)
         guided = [dataclasses.replace(item, label=label) for label in labels]
         return [[item], [item, item], guided]
 
