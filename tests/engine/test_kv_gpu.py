@@ -8,6 +8,7 @@ from mstar.engine.kv.attention import PagedHeads
 from mstar.engine.kv.build import build_paged_attention
 from mstar.engine.kv.layout import PagedLayout
 from mstar.engine.kv.pool import KVGeometry, KVPool
+from tests.models.qwen3.test_qwen3_gpu import relative_error
 
 pytestmark = pytest.mark.gpu
 PAGE = 16
@@ -157,10 +158,6 @@ def float32_twin(model, pool, config):
         return model32.logits(model32(ids, positions, attention)).float()
 
     return run
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.float() - expected).norm() / expected.norm())
 
 
 @pytest.mark.parametrize("model", sorted(SHAPES))
