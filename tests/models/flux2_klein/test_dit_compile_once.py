@@ -1,7 +1,11 @@
 """The DiT's compiled stacks (run_blocks) as build_dit_node compiles them: one graph for a single
 item and one for every packing of several (sizes, text lengths and reference counts vary), with
-outputs equal to eager (CPU; aot_eager runs inductor's graph passes without its kernels)."""
+outputs equal to eager (CPU; aot_eager runs inductor's graph passes without its kernels).
 
+In the slow tier: the served stacks (fused projections, and the kernels path over them) hold the
+same compile-once rule in the default tier (test_optimize.py, test_kernels.py)."""
+
+import pytest
 import torch
 import torch._dynamo
 
@@ -16,6 +20,7 @@ SERVED_OPTIONS = {
     "duck_shapes": False,
     "backend": torch._dynamo.lookup_backend("aot_eager"),
 }
+pytestmark = pytest.mark.slow
 CHANNELS, TEXT_DIM = TINY.transformer.in_channels, TINY.transformer.joint_attention_dim
 
 
