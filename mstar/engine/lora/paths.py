@@ -42,11 +42,14 @@ MIN_PACKED_ROWS: one request's tokens), else "grouped". Bytes per row at 4096 ro
     Z-Image w1/w3               3840 -> 20480 2   171520    96154   151859
     FLUX.2 single qkv+MLP       3072 -> 27648 1   116736   116736   134077
 and "activation", where the consumer fuses it: Wan FFN in 6272, Z-Image w1/w3 7936 (a step's
-LoRA bytes less about 30% for Wan and 40% for Z-Image: the served +14% predicted to about +10%).
+LoRA bytes less about 30% for Wan and 40% for Z-Image). The H200 did not bear the byte model out:
+Wan's step with four adapters measured +16.8% on this path (its kernel on its slowest tiles then)
+against +15.5% grouped, and the fastest tiles' kernel timings put it near +13.5%.
 Concat loses on the per-step weight copy (4*O*I bytes over 4096 rows is ~3 more O-wide passes) and
 the n-fold extra K; at Wan's 24960 rows its FFN in costs 37990 against 63488, so it pays only for
 steps of several requests and few slots of low rank, which a static rule cannot see: every family
-layout takes "grouped" today, but for the FFN Linears whose family target names "activation". `lora_path_table` prints the table for any config.
+layout takes "grouped" today, but for the FFN Linears whose family target names "activation".
+`lora_path_table` prints the table for any config.
 
 Why "grouped" and not "epilogue", which the table ranks first: measured on the H200, a Linear
 compiled alone runs epilogue fastest (`python -m mstar.engine.lora.bench`: Wan's FFN out +16%

@@ -11,9 +11,9 @@ hand-written Triton ops (mstar.engine.kernels): the q/k RMS norm + rotary, and a
 residual updates and the norms after them are one kernel each, every block handing the next (and
 the last the output head) its normed, modulated input, and an FFN whose LoRA-wrapped first Linear
 adds its adapters' expand inside the GELU kernel (mstar::lora_activation) in steps with adapters.
-On the CPU the ops are their PyTorch
-definitions, so each swap is checked against the eager model there. The model file stays the
-eager reference; nothing here changes its arithmetic beyond the order of GEMM columns.
+On the CPU the ops are their PyTorch definitions, so each swap is checked against the eager model
+there. The model file stays the eager reference; nothing here changes its arithmetic beyond the
+order of GEMM columns.
 """
 
 from __future__ import annotations

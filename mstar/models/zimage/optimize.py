@@ -8,8 +8,8 @@ hand-written Triton ops (mstar.engine.kernels): each attention's q/k norm + rota
 modulated stacks (noise refiner, main layers) whose residual updates and the norms after them are
 one kernel each, every block handing the next its attention input, and each SwiGLU whose
 LoRA-wrapped w13 adds its adapters' expand inside the SwiGLU kernel (mstar::lora_activation) in
-steps with adapters. On the CPU the ops are their
-PyTorch definitions, so each swap is checked against the eager model there.
+steps with adapters. On the CPU the ops are their PyTorch definitions, so each swap is checked
+against the eager model there.
 """
 
 from __future__ import annotations
