@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,6 +84,15 @@ def _with_roofline(run: dict[str, Any], count: FlopCount) -> dict[str, Any]:
     return run
 
 
+_STARTED_S = time.perf_counter()
+
+
+def _progress(message: str) -> None:
+    """One line on stderr as each stage ends: a call cut short by its time limit keeps what it
+    measured (the JSON is written only at the end), and says where the time went."""
+    print(f"step bench {time.perf_counter() - _STARTED_S:7.1f} s: {message}", file=sys.stderr, flush=True)
+
+
 def _free_memory() -> None:
     import torch
 
@@ -131,7 +141,10 @@ def _timed_run(fn: Callable[[], Any], options: StepOptions, count: FlopCount, **
         torch.cuda.reset_peak_memory_stats()
     run = {**labels, **time_forward(fn, options.num_warmup, options.num_timed, options.device)}
     run["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30 if on_cuda else None
-    return _with_roofline(run, count)
+    run = _with_roofline(run, count)
+    peak = f", peak {run['peak_memory_gib']:.1f} GiB" if on_cuda else ""
+    _progress(f"{labels}: {run['median_ms']:.2f} ms (first call {run['first_call_s']:.1f} s{peak})")
+    return run
 
 
 def _guarded(notes: list[str], label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -158,6 +171,7 @@ def _run_diffusers(
         return None
     dtype = getattr(torch, options.dtype)
     model = diffusers_transformer(entry, config, options.device, dtype, options.seed)
+    _progress(f"{entry.family}: diffusers' transformer built")
     with torch.inference_mode():
         for case in cases:
             case.reference = _guarded(
@@ -167,6 +181,7 @@ def _run_diffusers(
                 model,
                 case.items,
             )
+            _progress(f"{case.workload.name}: diffusers reference output")
         for mode in options.diffusers_modes:
             # static shapes: each size its own graph, as a user compiling for one size would get
             # (automatic dynamic shapes would recompile the second size with symbolic shapes)
@@ -224,6 +239,7 @@ def _run_ours(
             except Exception as error:  # e.g. a state-dict key mismatch: the diffusers figures still count
                 notes.append(f"{entry.family}: {label} failed to build: {type(error).__name__}: {error}")
                 continue
+            _progress(f"{entry.family}: {label} built")
             for case in cases:
                 _run_ours_case(forward, case, options, notes, label, mode=mode, attention_backend=backend)
             del forward
@@ -245,6 +261,7 @@ def _run_ours_case(
     reference = case.reference
     run["rel_error"] = relative_error(output, reference) if reference is not None else None
     run["psnr_db"] = output_psnr_db(output, reference) if reference is not None else None
+    _progress(f"{case.workload.name}: {label} relative error {run['rel_error']}")
     case.entry["runs"].append(run)
 
 
