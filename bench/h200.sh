@@ -33,6 +33,7 @@
 # LTX-2 at its pipeline's default 768x512x121 and at 1280x704x121, each row one call:
 #   baseline ltx2 | ltx2-704p                        LTX2Pipeline eager and compiled (two JSONs) | eager
 #   step ltx2 | step ltx2-704p                       the guided step (cond, uncond, isolated passes)
+#                                                    against diffusers eager (DIFFUSERS_MODES to change)
 #   serve ltx2                                       first against steady, c=1 p50, c=2, a new size
 #   serve ltx2-c4                                    first against steady, c=4 (one wave of 4)
 #   serve ltx2-704p | ltx2-704p-c2                   1280x704: first against steady, c=1 p50 | c=2
@@ -53,8 +54,8 @@
 # a 64 MiB upload); bring .whl_pack/ along and the phase installs it into /tmp/site first. diffusers
 # and our server are never needed in the same phase, so `baseline` and `serve` take separate packs.
 #
-# Knobs (environment): CALL_BUDGET_S, ATTENTION_BACKEND (fa3; flashinfer or torch elsewhere than
-# Hopper), PYTHON (python3), OUT, WHEEL_PYTHON.
+# Knobs (environment): CALL_BUDGET_S, DIFFUSERS_MODES (`step`), ATTENTION_BACKEND (fa3; flashinfer
+# or torch elsewhere than Hopper), PYTHON (python3), OUT, WHEEL_PYTHON.
 set -uo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -144,13 +145,15 @@ baseline() {  # diffusers' pipelines end to end (random weights of the real conf
 
 step() {  # step wan|zimage: our DiT (deterministic) against diffusers' eager and compiled, same weights
   require diffusers $(attention_module)
-  local workloads
+  local workloads modes=eager,compiled
   case "$1" in
     wan) workloads=wan-480p-cfg,wan-720p-b1 ;;
     zimage) workloads=zimage-1024-b1 ;;
     flux2) workloads=flux2-1024-b1 ;;
-    ltx2) workloads=ltx2-512p-guided ;;
-    ltx2-704p) workloads=ltx2-704p-guided ;;
+    # diffusers' compile of the 48-block transformer (unrolled) would take the call: eager here, the
+    # compiled pipeline in `baseline ltx2`
+    ltx2) workloads=ltx2-512p-guided modes=eager ;;
+    ltx2-704p) workloads=ltx2-704p-guided modes=eager ;;
     cosmos3) workloads=cosmos3-480p-cfg ;;
     cosmos3-720p) workloads=cosmos3-720p-cfg ;;
     *) echo "step: wan, zimage, flux2, ltx2, ltx2-704p, cosmos3 or cosmos3-720p" >&2; return 2 ;;
@@ -158,7 +161,7 @@ step() {  # step wan|zimage: our DiT (deterministic) against diffusers' eager an
   start_budget
   guarded "step-$1" "$(left_s)" "$PYTHON" -m mstar.cli bench step --workloads "$workloads" \
     --compile-modes deterministic --attention-backends "${ATTENTION_BACKEND:-fa3}" \
-    --diffusers-modes eager,compiled --num-warmup 3 --num-timed 10 -o "$out/step-$1.json"
+    --diffusers-modes "${DIFFUSERS_MODES:-$modes}" --num-warmup 3 --num-timed 10 -o "$out/step-$1.json"
 }
 
 parity() {  # parity wan|zimage: the pipeline's folder (real config, random weights) and our nodes on it
