@@ -49,9 +49,11 @@ __all__ = ["DiTInput", "LTX2DiT"]
 
 
 class LTX2DiT(nn.Module):
-    # The block stack and output heads, compiled with the pack lengths dynamic (scaffold.speed_up
-    # puts the compiled copy on the instance; forward calls it by this name).
-    compiled_methods = ("run_layers",)
+    # One block, compiled with the pack lengths dynamic and run for each of the 48, then the output
+    # heads (scaffold.speed_up puts the compiled copies on the instance; run_layers calls them by
+    # these names). The blocks share one graph, their weights its inputs: the unrolled stack took
+    # over five minutes to compile on the H200, about 11 s a block on a CPU.
+    compiled_methods = ("run_block", "run_heads")
 
     def __init__(self, config: DiTConfig):
         super().__init__()
@@ -130,9 +132,17 @@ class LTX2DiT(nn.Module):
 
     def run_layers(self, video, audio, inputs: BlockInputs, video_head, audio_head, attention):
         """The block stack and both output heads over packed tokens: video [Tv, Dv], audio [Ta, Da]
-        -> (video patches [Tv, C*pt*p*p], audio features [Ta, C*M]). The part worth compiling."""
+        -> (video patches [Tv, C*pt*p*p], audio features [Ta, C*M])."""
         for index, block in enumerate(self.transformer_blocks):
-            video, audio = block(index, video, audio, inputs, attention)
+            perturbed = index in inputs.perturbed_blocks
+            video, audio = self.run_block(block, perturbed, video, audio, inputs, attention)
+        return self.run_heads(video, audio, video_head, audio_head)
+
+    def run_block(self, block, perturbed: bool, video, audio, inputs: BlockInputs, attention):
+        """One block (video [Tv, Dv], audio [Ta, Da] -> both after it): the part worth compiling."""
+        return block(perturbed, video, audio, inputs, attention)
+
+    def run_heads(self, video, audio, video_head, audio_head):
         video = self._output_head(video, self.norm_out, self.proj_out, self.scale_shift_table, *video_head)
         audio = self._output_head(
             audio, self.audio_norm_out, self.audio_proj_out, self.audio_scale_shift_table, *audio_head

@@ -108,13 +108,13 @@ class LTX2Block(nn.Module):
         self.audio_a2v_cross_attn_scale_shift_table = nn.Parameter(torch.randn(5, audio_dim))
 
     def forward(
-        self, index: int, video: torch.Tensor, audio: torch.Tensor, inputs: BlockInputs, attention
+        self, perturbed: bool, video: torch.Tensor, audio: torch.Tensor, inputs: BlockInputs, attention
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """video [Tv, Dv], audio [Ta, Da] -> both after the block."""
+        """video [Tv, Dv], audio [Ta, Da] -> both after the block; `perturbed`: this block is one
+        of the step's spatio-temporal guidance blocks."""
         v_rows, a_rows = inputs.video, inputs.audio
         v_mod = _with_table(self.scale_shift_table, v_rows.modulation, v_rows.row_index)
         a_mod = _with_table(self.audio_scale_shift_table, a_rows.modulation, a_rows.row_index)
-        perturbed = index in inputs.perturbed_blocks
         video = self._self_attention(
             video, v_mod, inputs.video, self.norm1, self.attn1, VIDEO_SELF, perturbed, attention
         )

@@ -156,3 +156,23 @@ def test_bad_latents_are_rejected():
     bad.audio_latents = torch.zeros(3, 5, 4)
     with pytest.raises(ValueError, match="audio_latents"):
         _ours(ours, [bad])
+
+
+def test_every_block_runs_one_compiled_graph():
+    """The stack compiles one block, which all blocks reuse (their weights are its inputs): a
+    4-block model compiles one graph, not one a block, and its output is the eager one's."""
+    from dataclasses import replace
+
+    from mstar.engine.compile import compile_methods
+
+    model = LTX2DiT(replace(TINY.dit, num_layers=4)).eval()
+    eager = LTX2DiT(replace(TINY.dit, num_layers=4)).eval()
+    eager.load_state_dict(model.state_dict())
+    parts = compile_methods(model, ("run_block",), "deterministic", "test.ltx2", backend="eager")
+    items = [_item(30, 3, 4, 6, 5, 700.0), _item(31, 5, 4, 4, 3, 300.0, isolated=True)]
+    out = _ours(model, items)
+    (compiled,) = parts.parts
+    assert compiled.num_compiles == 1
+    reference = _ours(eager, items)
+    for (video, audio), (ref_video, ref_audio) in zip(out, reference, strict=True):
+        assert torch.equal(video, ref_video) and torch.equal(audio, ref_audio)
