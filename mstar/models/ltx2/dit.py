@@ -52,7 +52,7 @@ class LTX2DiT(nn.Module):
     # One block, compiled with the pack lengths dynamic and run for each of the 48, then the output
     # heads (scaffold.speed_up puts the compiled copies on the instance; run_layers calls them by
     # these names). The blocks share one graph, their weights its inputs: the unrolled stack took
-    # over five minutes to compile on the H200, about 11 s a block on a CPU.
+    # over five minutes to compile on the H200 (on a CPU at tiny widths, about 16 s a block).
     compiled_methods = ("run_block", "run_heads")
 
     def __init__(self, config: DiTConfig):
