@@ -71,7 +71,8 @@ if [ "$phase" = wheels ]; then
     baseline) reqs=(diffusers==0.42.1 importlib_metadata) ;;
     step | parity) reqs=(diffusers==0.42.1 importlib_metadata fa3-fwd==0.0.3) ;;
     serve) reqs=(fa3-fwd==0.0.3 av==19.0.2) ;;
-    test) reqs=(diffusers==0.42.1 importlib_metadata fa3-fwd==0.0.3 av==19.0.2) ;;  # a server and diffusers
+    # a server and diffusers; peft for diffusers' own LoRA loading (python -m mstar.bench.lora_diffusers)
+    test) reqs=(diffusers==0.42.1 importlib_metadata fa3-fwd==0.0.3 av==19.0.2 peft==0.21.2) ;;
     llm) reqs=(flashinfer-python==0.7.2.post1 "apache-tvm-ffi>=0.1.11,<0.2") ;;  # bench/h200_llm.sh
     *) echo "wheels: baseline, step, parity, serve, test or llm" >&2; exit 2 ;;
   esac

@@ -134,7 +134,7 @@ def _flux2(tiny: bool, device: str, dtype: torch.dtype) -> FamilyBench:
 FAMILIES = {"wan2.2": _wan, "z-image": _zimage, "flux2-klein": _flux2}
 
 
-def _write_adapters(folder: str, dit, targets, rank: int) -> list[str]:
+def write_adapters(folder: str, dit, targets, rank: int) -> list[str]:
     from safetensors.torch import save_file
 
     sources = {piece.source: (piece.out_features, dit.get_submodule(t.module).in_features)
@@ -193,7 +193,7 @@ def bench_family(name: str, tiny: bool, device: str, repeats: int = 10, paths: S
 
         dit, _ = speed_up(dit, family.optimize, fuse, kernels, mode, f"bench.lora.{name}", wrap=wrap)
         lora = holder["lora"]
-        names = _write_adapters(folder, dit, lora.layers.targets, RANK)
+        names = write_adapters(folder, dit, lora.layers.targets, RANK)
         _load(lora, folder, names, name)
         pipeline = family.pipeline(dit, build_attention("auto", device, dtype))
         pipeline.lora = lora
