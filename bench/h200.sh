@@ -11,6 +11,9 @@
 #   bash bench/h200.sh parity MODEL           our nodes against the pipeline on one folder it wrote
 #                                             (random weights): frames PSNR before any encoding   ~5 min
 #   bash bench/h200.sh test MODEL             the model's gpu-marked tests (cosmos3, cosmos3-folder)
+#   bash bench/h200.sh lora FAMILY            four requests with four rank-32 adapters: diffusers one
+#                                             adapter at a time (fused), then ours packed (wan2.2,
+#                                             z-image or flux2-klein; `wheels test`)       ~8 min wan
 #   bash bench/h200.sh all                    every phase above for wan and zimage, one after another
 #   bash bench/h200_flux2.sh                  FLUX.2 in one call: first t2i and first edit against
 #                                             steady, c=1 against diffusers eager, step against compiled
@@ -59,7 +62,7 @@
 set -uo pipefail
 
 PYTHON=${PYTHON:-python3}
-phase=${1:?usage: bash bench/h200.sh baseline|step|parity|serve|test|all [MODEL] | wheels PHASE}
+phase=${1:?usage: bash bench/h200.sh baseline|step|parity|serve|test|lora|all [MODEL] | wheels PHASE}
 model=${2:-}
 
 server_deps() {  # the server's pure-Python requirements, pinned as this machine's environment has them
@@ -287,8 +290,18 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
   stop_server
 }
 
+lora() {  # lora wan2.2|z-image|flux2-klein: four requests with four adapters: diffusers one adapter
+  # at a time, fused (about a minute, first, so a call cut short keeps it), then ours packed
+  require diffusers peft $(attention_module)
+  start_budget
+  guarded "lora-diffusers-$1" 200 "$PYTHON" -u -m mstar.bench.lora_diffusers --family "$1"
+  guarded "lora-step-$1" "$(left_s)" "$PYTHON" -u -m mstar.bench.lora_step --family "$1" --paths activation,grouped
+  cat "$out/lora-diffusers-$1.out" "$out/lora-step-$1.out" | grep -E " ms|torch " || true
+}
+
 case "$phase" in
   baseline) baseline "$model" ;;
+  lora) lora "${model:?lora wan2.2|z-image|flux2-klein}" ;;
   step) step "${model:?step wan|zimage}" ;;
   serve) serve "${model:?serve wan|zimage}" ;;
   parity) parity "${model:?parity wan|zimage}" ;;
