@@ -13,7 +13,7 @@
 #   bash bench/h200.sh test MODEL             the model's gpu-marked tests (cosmos3, cosmos3-folder)
 #   bash bench/h200.sh lora FAMILY            four requests with four rank-32 adapters: diffusers one
 #                                             adapter at a time (fused), then ours packed (wan2.2,
-#                                             z-image or flux2-klein; `wheels test`)       ~8 min wan
+#                                             z-image or flux2-klein; `wheels test`)       ~6 min wan
 #   bash bench/h200.sh all                    every phase above for wan and zimage, one after another
 #   bash bench/h200_flux2.sh                  FLUX.2 in one call: first t2i and first edit against
 #                                             steady, c=1 against diffusers eager, step against compiled
@@ -291,11 +291,12 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
 }
 
 lora() {  # lora wan2.2|z-image|flux2-klein: four requests with four adapters: diffusers one adapter
-  # at a time, fused (about a minute, first, so a call cut short keeps it), then ours packed
+  # at a time, fused (about a minute, first, so a call cut short keeps it), then ours packed on the
+  # LoRA paths the server takes
   require diffusers peft $(attention_module)
   start_budget
   guarded "lora-diffusers-$1" 200 "$PYTHON" -u -m mstar.bench.lora_diffusers --family "$1"
-  guarded "lora-step-$1" "$(left_s)" "$PYTHON" -u -m mstar.bench.lora_step --family "$1" --paths activation,grouped
+  guarded "lora-step-$1" "$(left_s)" "$PYTHON" -u -m mstar.bench.lora_step --family "$1"  # the server's paths
   cat "$out/lora-diffusers-$1.out" "$out/lora-step-$1.out" | grep -E " ms|torch " || true
 }
 
