@@ -121,10 +121,8 @@ def apply_rotary(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> 
         rotated = torch.stack([-imag, real], dim=-1).flatten(-2)
         return (x.float() * cos + rotated.float() * sin).to(x.dtype)
     num_tokens, num_heads, half = cos.shape
-    split = x.reshape(num_tokens, num_heads, 2, half).float()  # each head: [first half, second half]
-    first, second = split[..., :1, :], split[..., 1:, :]
-    cos_u, sin_u = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    out = split * cos_u
-    out[..., :1, :].addcmul_(-sin_u, second)
-    out[..., 1:, :].addcmul_(sin_u, first)
-    return out.reshape(num_tokens, -1).to(x.dtype)
+    # Each half written once from both halves (no in-place slice updates): the compiled step then
+    # reads x once and writes the result once, in one kernel per tensor.
+    first, second = x.reshape(num_tokens, num_heads, 2, half).float().unbind(-2)
+    rotated = torch.stack([first * cos - second * sin, second * cos + first * sin], dim=-2)
+    return rotated.reshape(num_tokens, -1).to(x.dtype)
