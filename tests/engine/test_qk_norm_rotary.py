@@ -50,13 +50,29 @@ def test_row_scope_is_wan_rms_norm_over_all_heads_then_rotary(dtype):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_head_tables_are_ltx2_row_norm_then_split_rotary(dtype):
+    """cos/sin [T, H, D/2] (LTX-2's split layout: each head its own frequencies): the op is LTX-2's
+    RMS norm over the row, then its split rotary, with the same roundings."""
+    from mstar.models.ltx2.rope import apply_rotary
+
+    x, _, _, generator = _inputs(7, 3, 16, dtype)
+    angles = torch.randn(7, 3, 8, generator=generator)
+    norm = nn.RMSNorm(48, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(48, generator=generator))
+    want = apply_rotary(norm(x.flatten(1)), (angles.cos(), angles.sin())).unflatten(-1, (3, 16))
+    got = qk_norm_rotary(x, norm.weight, angles.cos(), angles.sin(), 1e-6, "row")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_bad_inputs_are_named():
     x, cos, sin, _ = _inputs(4, 2, 8, torch.float32)
     with pytest.raises(ValueError, match="norm_scope"):
         qk_norm_rotary(x, torch.ones(8), cos, sin, 1e-6, "column")
     with pytest.raises(ValueError, match="weight must have 16"):
         qk_norm_rotary(x, torch.ones(8), cos, sin, 1e-6, "row")
-    with pytest.raises(ValueError, match=r"cos/sin must be \[T, D/2\]"):
+    with pytest.raises(ValueError, match=r"cos/sin must be \[T, D/2\] = \(4, 4\) or \[T, H, D/2\]"):
         qk_norm_rotary(x, torch.ones(8), cos[:, :2], sin[:, :2], 1e-6, "head")
 
 
@@ -88,10 +104,11 @@ for scope, num_heads in (("row", 3), ("head", 3), ("head", 1)):
     qkv = torch.randn(6, 3 * num_heads * 16, generator=generator)
     x = qkv[:, num_heads * 16 : 2 * num_heads * 16].unflatten(-1, (num_heads, 16))
     weight = 1 + 0.3 * torch.randn(num_heads * 16 if scope == "row" else 16, generator=generator)
-    angles = torch.randn(6, 8, generator=generator)
-    want = qk_norm_rotary_reference(x, weight, angles.cos(), angles.sin(), 1e-6, scope)
-    got = run_triton(x, weight, angles.cos(), angles.sin(), 1e-6, scope)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for table_shape in ((6, 8), (6, num_heads, 8)):  # shared by the heads, or each head its own
+        angles = torch.randn(*table_shape, generator=generator)
+        want = qk_norm_rotary_reference(x, weight, angles.cos(), angles.sin(), 1e-6, scope)
+        got = run_triton(x, weight, angles.cos(), angles.sin(), 1e-6, scope)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 print("ok")
 """
     run_under_interpreter(code)
@@ -121,10 +138,16 @@ def test_inductor_launches_the_kernel_from_the_compiled_graph():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("scope", "num_heads"), [("row", 24), ("head", 30)])
-def test_triton_kernel_on_cuda_matches_the_definition_in_bf16(scope, num_heads):
-    """Wan 5B (24 heads, norm over the row) and Z-Image (30 heads, norm per head) at 4k tokens."""
+@pytest.mark.parametrize(
+    ("scope", "num_heads", "head_tables"), [("row", 24, False), ("head", 30, False), ("row", 32, True)]
+)
+def test_triton_kernel_on_cuda_matches_the_definition_in_bf16(scope, num_heads, head_tables):
+    """Wan 5B (24 heads, norm over the row), Z-Image (30 heads, norm per head) and LTX-2 (32 heads,
+    norm over the row, per-head tables) at 4k tokens."""
     x, cos, sin, generator = _inputs(4104, num_heads, 128, torch.bfloat16)
+    if head_tables:
+        angles = torch.randn(4104, num_heads, 64, generator=generator)
+        cos, sin = angles.cos(), angles.sin()
     weight = (
         1 + 0.3 * torch.randn(num_heads * 128 if scope == "row" else 128, generator=generator)
     ).bfloat16()

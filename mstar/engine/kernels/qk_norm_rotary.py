@@ -50,7 +50,8 @@ def _normed(x: torch.Tensor, weight: torch.Tensor, eps: float, norm_scope: str) 
 
 def _rotated(normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     first, second = normed.float().chunk(2, dim=-1)  # [T, H, D/2] each
-    cos, sin = cos[:, None, :], sin[:, None, :]
+    if cos.dim() == 2:  # [T, D/2]: one table for every head
+        cos, sin = cos[:, None, :], sin[:, None, :]
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(dtype)
 
 
@@ -58,7 +59,8 @@ def qk_norm_rotary_reference(
     x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, norm_scope: str
 ) -> torch.Tensor:
     """The PyTorch definition. x [T, H, D] (halves order); weight [H*D] ("row") or [D] (per head);
-    cos/sin fp32 [T, D/2]. Returns x's dtype [T, H, D]."""
+    cos/sin fp32 [T, D/2] (every head alike) or [T, H, D/2] (each head its own). Returns x's dtype
+    [T, H, D]."""
     return _rotated(_normed(x, weight, eps, norm_scope), cos, sin, x.dtype)
 
 
@@ -87,9 +89,12 @@ def _check(x: torch.Tensor, weight: torch.Tensor, norm_scope: str, name: str = "
         )
 
 
-def _check_table(cos: torch.Tensor, num_tokens: int, head_dim: int) -> None:
-    if tuple(cos.shape) != (num_tokens, head_dim // 2):
-        raise ValueError(f"cos/sin must be [T, D/2] = {(num_tokens, head_dim // 2)}, got {tuple(cos.shape)}")
+def _check_table(cos: torch.Tensor, num_tokens: int, num_heads: int, head_dim: int) -> None:
+    shared, per_head = (num_tokens, head_dim // 2), (num_tokens, num_heads, head_dim // 2)
+    if tuple(cos.shape) not in (shared, per_head):
+        raise ValueError(
+            f"cos/sin must be [T, D/2] = {shared} or [T, H, D/2] = {per_head}, got {tuple(cos.shape)}"
+        )
 
 
 def _rows_of_heads(x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +115,7 @@ def _launch(x, weight, cos, sin, eps, norm_scope, num_tokens, second=None, secon
         second.stride(0) if two_sources else 0, x if rows is None else rows, x.shape[0],
         EPS=eps, NUM_HEADS=num_heads, HEADS_BLOCK=next_power_of_2(num_heads), HALF_DIM=head_dim // 2,
         PER_HEAD=norm_scope != "row", ROUND_NORMED=norm_scope == "head", TWO_SOURCES=two_sources,
-        GATHER=rows is not None, num_warps=4,
+        GATHER=rows is not None, HEAD_TABLES=cos.dim() == 3, num_warps=4,
     )  # fmt: skip
     return out
 
@@ -138,7 +143,7 @@ def qk_norm_rotary(
     custom op's Python dispatch and Triton's launcher cost about 0.2 ms of host time per call).
     On the CPU the op is its PyTorch definition."""
     _check(x, weight, norm_scope)
-    _check_table(cos, x.shape[0], x.shape[-1])
+    _check_table(cos, x.shape[0], x.shape[1], x.shape[-1])
     if x.device.type != "cuda":
         return qk_norm_rotary_reference(x, weight, cos, sin, eps, norm_scope).contiguous()
     return run_triton(x, weight, cos, sin, eps, norm_scope)
@@ -166,7 +171,7 @@ def joint_qk_norm_rotary(
             f"and {tuple(second.shape)} {second.dtype}"
         )
     num_tokens = first.shape[0] + second.shape[0]
-    _check_table(cos, num_tokens, first.shape[-1])
+    _check_table(cos, num_tokens, first.shape[1], first.shape[-1])
     if joint_rows is not None and tuple(joint_rows.shape) != (num_tokens,):
         raise ValueError(f"joint_rows must be [Ta + Tb] = [{num_tokens}], got {tuple(joint_rows.shape)}")
     if first.device.type != "cuda":

@@ -12,6 +12,7 @@ def qk_norm_rotary_kernel(
     second_ptr, second_weight_ptr, second_row_stride, rows_ptr, num_first,
     EPS: tl.constexpr, NUM_HEADS: tl.constexpr, HEADS_BLOCK: tl.constexpr, HALF_DIM: tl.constexpr,
     PER_HEAD: tl.constexpr, ROUND_NORMED: tl.constexpr, TWO_SOURCES: tl.constexpr, GATHER: tl.constexpr,
+    HEAD_TABLES: tl.constexpr,
 ):  # fmt: skip
     # Output row `token` is source row `source` (rows[token] with GATHER) of x, or with TWO_SOURCES
     # of x and then second, one after the other; each source has its own norm weight.
@@ -71,8 +72,13 @@ def qk_norm_rotary_kernel(
         second = second * scale * weight_second
     first = first.to(out_ptr.dtype.element_ty).to(tl.float32)
     second = second.to(out_ptr.dtype.element_ty).to(tl.float32)
-    cos = tl.load(cos_ptr + token * HALF_DIM + cols)  # [1, D/2]
-    sin = tl.load(sin_ptr + token * HALF_DIM + cols)
+    if HEAD_TABLES:  # cos/sin [T, H, D/2]: each head its own frequencies
+        table_offsets = token * (NUM_HEADS * HALF_DIM) + heads * HALF_DIM + cols  # [HB, D/2]
+        cos = tl.load(cos_ptr + table_offsets, mask=mask, other=0.0)
+        sin = tl.load(sin_ptr + table_offsets, mask=mask, other=0.0)
+    else:  # cos/sin [T, D/2], shared by every head
+        cos = tl.load(cos_ptr + token * HALF_DIM + cols)  # [1, D/2]
+        sin = tl.load(sin_ptr + token * HALF_DIM + cols)
     out = out_ptr + token * (NUM_HEADS * 2 * HALF_DIM)
     tl.store(out + first_offsets, (first * cos - second * sin).to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(

@@ -158,10 +158,7 @@ class Attention(nn.Module):
         self, x, query, key, value, attention, label, query_rope, key_rope, value_rows
     ) -> torch.Tensor:
         """The rest of forward from the projections (q [Tq, inner], k and v [Tkv, inner])."""
-        query, key = self.norm_q(query), self.norm_k(key)
-        if query_rope is not None:
-            query = apply_rotary(query, query_rope)
-            key = apply_rotary(key, key_rope if key_rope is not None else query_rope)
+        query, key = self.norm_rotate(query, key, query_rope, key_rope)
         heads = (self.heads, -1)
         out = attention.run(
             label, query.unflatten(-1, heads), key.unflatten(-1, heads), value.unflatten(-1, heads)
@@ -174,6 +171,15 @@ class Attention(nn.Module):
             gates = 2.0 * torch.sigmoid(self.to_gate_logits(x))  # [Tq, heads]
             out = (out.unflatten(-1, heads) * gates.unsqueeze(-1)).flatten(-2)
         return self.to_out[0](out)
+
+    def norm_rotate(self, query, key, query_rope, key_rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [Tq, inner], k [Tkv, inner] -> each RMS-normed over its row, then rotated (keys with
+        key_rope where given, else query_rope; neither without rotary)."""
+        query, key = self.norm_q(query), self.norm_k(key)
+        if query_rope is not None:
+            query = apply_rotary(query, query_rope)
+            key = apply_rotary(key, key_rope if key_rope is not None else query_rope)
+        return query, key
 
 
 def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:

@@ -178,3 +178,28 @@ def test_every_block_runs_one_compiled_graph():
     reference = _ours(eager, items)
     for (video, audio), (ref_video, ref_audio) in zip(out, reference, strict=True):
         assert torch.equal(video, ref_video) and torch.equal(audio, ref_audio)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_kernel_norm_rotary_swap_equals_the_eager_model(models, fuse, monkeypatch):
+    """optimize(kernels=True) routes every rotary attention's q/k norm + split rotary through
+    mstar::qk_norm_rotary (its CPU definition here) and changes no output; the interleaved layout
+    keeps the eager code."""
+    import copy
+
+    from mstar.engine.kernels import qk_norm_rotary as op_module
+    from mstar.models.ltx2.optimize import optimize
+
+    eager, _ = models
+    swapped = optimize(copy.deepcopy(eager), fuse=fuse, kernels=True)
+    calls = []
+    reference = op_module.qk_norm_rotary_reference
+    monkeypatch.setattr(op_module, "qk_norm_rotary_reference", lambda *a: calls.append(1) or reference(*a))
+    items = [_for(eager, _item(50, 3, 4, 6, 5, 700.0)), _for(eager, _item(51, 5, 4, 4, 3, 300.0))]
+    got, want = _ours(swapped, items), _ours(eager, items)
+    for (video, audio), (ref_video, ref_audio) in zip(got, want, strict=True):
+        torch.testing.assert_close(video, ref_video, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(audio, ref_audio, rtol=1e-5, atol=1e-5)
+    split = eager.config.rope_type == "split"
+    # per block: video and audio self attention, a2v and v2a, each for queries and keys
+    assert len(calls) == (8 * eager.config.num_layers if split else 0)
