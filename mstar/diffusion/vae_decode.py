@@ -224,6 +224,19 @@ class VaeDecodeRunner:
         clip = self._as_clip(latents)
         return self.checked.warm(self.shape_key(clip), lambda key: self._fast_vs_plain_psnr_db(clip))
 
+    def warm_decode(self, latents: torch.Tensor) -> float | None:
+        """Boot warmup of one size: a clip's fast path compiled and checked now, inline, so the
+        first request of that size decodes compiled (its PSNR, dB); a single image decodes on the
+        plain path (None). A size decoded through `decode_uint8` at warmup would instead compile in
+        the background and swap in mid-traffic: the first requests decode eagerly, slower, and with
+        different bytes from those after the swap."""
+        if self.choose_path(self._as_clip(latents).shape[2]) == "plain":
+            self.decode_uint8(latents)
+            return None
+        psnr_db = self.verify_fast_path(latents)
+        logger.info("VAE fast decode %s against the plain decode: %.1f dB", tuple(latents.shape), psnr_db)
+        return psnr_db
+
     def shape_key(self, latents: torch.Tensor) -> tuple[int, ...]:
         """What the compiled step's graphs depend on: latent channels, height and width, and the
         lengths of the chunks after the first (one graph per length)."""

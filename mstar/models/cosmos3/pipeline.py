@@ -193,9 +193,11 @@ class Cosmos3Pipeline:
         yield from self.decoder.iter_host_uint8(self._vae_latents(latents))
 
     def warmup_decode(self, size, index: int) -> None:
+        """Compile one size's clip decode and check it against the plain decode, inline, on seeded
+        random latents (zeros decode to near-flat frames and would hide a miscompile)."""
         from mstar.diffusion.noise import seeded_noise
 
         width, height, num_frames = self._size(size)
         shape = geometry.latent_shape(self.config.vae, num_frames, height, width)
         latents = seeded_noise((1, *shape), seed=index).to(self.decoder.device, self.decoder.dtype)
-        self.decoder.decode_uint8(latents)
+        self.decoder.warm_decode(latents)

@@ -11,7 +11,6 @@ and into the final latents.
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from typing import Any
 
@@ -37,8 +36,6 @@ from mstar.models.wan22.dit import DiTInput
 from mstar.models.wan22.geometry import WanGeometry
 from mstar.models.wan22.model import WanParams
 from mstar.models.wan22.vae import denormalize_latents, normalize_latents
-
-logger = logging.getLogger(__name__)
 
 IMAGE_LATENTS = "image_latents"  # normalised VAE latents of the input image [z, 1, h, w]
 FIRST_FRAME = "first_frame"  # condition key: the image's latents, float32 on the DiT's device
@@ -216,11 +213,7 @@ class WanPipeline:
         random latents (zeros decode to near-flat frames and would hide a miscompile)."""
         shape = self.geometry.latent_shape(*self._clip_size(size))
         latents = seeded_noise((1, *shape), seed=index).to(self.decoder.device, self.decoder.dtype)
-        if shape[1] > 1:  # latent frames: clips take the fast path (compiled and checked here)
-            psnr_db = self.decoder.verify_fast_path(latents)
-            logger.info("VAE fast decode %s against the plain decode: %.1f dB", shape, psnr_db)
-        else:  # single images the plain one
-            self.decoder.decode_uint8(latents)
+        self.decoder.warm_decode(latents)
 
     def _clip_size(self, size) -> tuple[int, int, int]:
         c = self.config
