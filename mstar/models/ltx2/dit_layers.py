@@ -85,7 +85,7 @@ class AdaLayerNormSingle(nn.Module):
         return modulation.unflatten(1, (self.num_params, -1)), embedded
 
 
-class _GeluProj(nn.Module):
+class GeluProj(nn.Module):
     def __init__(self, dim_in: int, dim_out: int, bias: bool):
         super().__init__()
         self.proj = nn.Linear(dim_in, dim_out, bias=bias)
@@ -101,7 +101,7 @@ class FeedForward(nn.Module):
         super().__init__()
         inner = dim * mult
         self.net = nn.ModuleList(
-            [_GeluProj(dim, inner, bias), nn.Dropout(0.0), nn.Linear(inner, dim, bias=bias)]
+            [GeluProj(dim, inner, bias), nn.Dropout(0.0), nn.Linear(inner, dim, bias=bias)]
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
