@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.diffusion.packing import pad_rows
 from mstar.models.ltx2.rope import apply_rotary
 
 TIMESTEP_FEATURES = 256  # PixArtAlphaCombinedTimestepSizeEmbeddings' sinusoid width
@@ -75,14 +76,16 @@ class AdaLayerNormSingle(nn.Module):
         self.linear = nn.Linear(dim, num_params * dim)
 
     def rows(self, timesteps: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[R] timesteps -> (modulation [R, num_params, dim], embedding [R, dim]) in `dtype`.
+        """[R] timesteps -> (modulation [R', num_params, dim], embedding [R', dim]) in `dtype`, with
+        zero rows appended up to R' = max(R, MIN_COMPILED_ROWS) (rows no token reads: a compiled
+        stack would specialise a single row).
 
         One row at a time: BLAS picks its kernel by row count (gemv for one row), so computing
         rows together would make an item's output depend on how many items share its step."""
         sinusoid = timestep_sinusoid(timesteps).to(dtype)
         embedded = torch.cat([self.emb.timestep_embedder(row) for row in sinusoid.split(1)])
         modulation = torch.cat([self.linear(F.silu(row)) for row in embedded.split(1)])
-        return modulation.unflatten(1, (self.num_params, -1)), embedded
+        return pad_rows(modulation.unflatten(1, (self.num_params, -1))), pad_rows(embedded)
 
 
 class GeluProj(nn.Module):

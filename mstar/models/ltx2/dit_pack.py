@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mstar.diffusion.packing import MIN_COMPILED_ROWS, bounded_cache_get
+from mstar.diffusion.packing import bounded_cache_get
 from mstar.models.ltx2 import rope
 from mstar.models.ltx2.config import DiTConfig
 
@@ -67,7 +67,7 @@ class Layout:
     order: list[int]  # packing position -> caller's item index
     geometries: list[ItemGeometry]
     num_cross_items: int  # the first items run audio-video cross attention
-    timesteps: torch.Tensor  # float32 [R] distinct timesteps (rows), at least MIN_COMPILED_ROWS
+    timesteps: torch.Tensor  # float32 [R] the distinct timesteps of the items (rows)
     video_row: torch.Tensor  # int64 [Tv] token -> row of its timestep
     video_cross_row: torch.Tensor  # int64 [Tv] token -> row of its cross attention modulation
     audio_row: torch.Tensor  # int64 [Ta]
@@ -144,27 +144,31 @@ def build_layout(items: list[DiTInput], config: DiTConfig) -> Layout:
     order = packing_order(items)
     ordered = [items[i] for i in order]
     geometries = [item_geometry(item, config) for item in ordered]
-    timesteps: list[float] = []
+    # One row per distinct timestep: a guided step's labels of one request share theirs, and a
+    # row's modulation depends on its timestep alone (each row is computed alone, see
+    # AdaLayerNormSingle.rows), so sharing it changes no output and computes it once.
+    rows: dict[float, int] = {}
+
+    def row_of(timestep: float) -> int:
+        return rows.setdefault(float(timestep), len(rows))
+
     video_rows, cross_rows, audio_rows, text_rows = [], [], [], []
     for item, geo in zip(ordered, geometries, strict=True):
-        row = len(timesteps)
-        timesteps.append(float(item.timestep))
+        row = row_of(item.timestep)
         video_row = torch.full((geo.num_video,), row, dtype=torch.int64)
         if item.num_clean_frames > 0:
-            timesteps.append(0.0)
-            video_row[: item.num_clean_frames * geo.video_grid[1] * geo.video_grid[2]] = row + 1
+            video_row[: item.num_clean_frames * geo.video_grid[1] * geo.video_grid[2]] = row_of(0.0)
         video_rows.append(video_row)
         # With use_cross_timestep the video's cross attention follows the audio timestep (the
         # item's); without, each video token's own timestep.
         cross_rows.append(torch.full_like(video_row, row) if item.use_cross_timestep else video_row)
         audio_rows.append(torch.full((geo.audio_frames,), row, dtype=torch.int64))
         text_rows.append(torch.full((geo.text_tokens,), row, dtype=torch.int64))
-    timesteps += [0.0] * (MIN_COMPILED_ROWS - len(timesteps))  # padding rows no token reads
     return Layout(
         order=order,
         geometries=geometries,
         num_cross_items=sum(1 for item in ordered if not item.isolated),
-        timesteps=torch.tensor(timesteps, dtype=torch.float32),
+        timesteps=torch.tensor(list(rows), dtype=torch.float32),
         video_row=torch.cat(video_rows),
         video_cross_row=torch.cat(cross_rows),
         audio_row=torch.cat(audio_rows),

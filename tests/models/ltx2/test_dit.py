@@ -106,6 +106,36 @@ def test_many_items_packed_equal_each_alone(models):
         _check(out, diffusers_forward(theirs, item, PERTURBED_BLOCKS))
 
 
+def test_items_at_one_timestep_share_one_modulation_row():
+    """A guided step's labels of one request (cond, uncond, isolated: one timestep) and the clean
+    frames of two image-to-video items compute each distinct timestep's modulation once, and each
+    item's output is what it gives alone."""
+    from mstar.models.ltx2.dit_pack import build_layout
+
+    theirs = tiny_transformer(TINY.dit)
+    ours = LTX2DiT(TINY.dit).eval()
+    ours.load_state_dict(theirs.state_dict())
+    items = [
+        _item(30, 2, 4, 6, 5, 700.0),  # cond
+        _item(31, 2, 4, 6, 5, 700.0, text_len=4),  # uncond: its own text, the same timestep
+        _item(30, 2, 4, 6, 5, 700.0, isolated=True),
+        _item(32, 3, 4, 4, 3, 300.0, num_clean_frames=1),
+        _item(33, 2, 4, 4, 3, 700.0, num_clean_frames=1),
+    ]
+    assert build_layout(items, TINY.dit).timesteps.tolist() == [700.0, 300.0, 0.0]
+    calls = []
+    hook = ours.time_embed.linear.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        packed = _ours(ours, items)
+    finally:
+        hook.remove()
+    assert len(calls) == 3  # one modulation row per distinct timestep, none for padding
+    for out, item in zip(packed, items, strict=True):
+        (alone,) = _ours(ours, [item])
+        assert snr_db(out[0], alone[0]) >= MIN_SNR_DB and snr_db(out[1], alone[1]) >= MIN_SNR_DB
+        _check(out, diffusers_forward(theirs, item, PERTURBED_BLOCKS))
+
+
 def test_packed_is_byte_identical_to_alone_in_fp32():
     """Packing changes no arithmetic an item sees: fp32 outputs are equal, not just close.
 
