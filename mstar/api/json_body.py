@@ -35,6 +35,9 @@ LONG_NUMBER_RUN = b"0" * (MAX_NUMBER_CHARS + 1)
 # msgspec's decoder reads a 2k-id prompt about 3x faster than json.loads and gives the same values
 # for every body it accepts; it refuses a few that json.loads takes (NaN, Infinity, lone
 # surrogates, 1e400), which then go through json.loads, so what a body means never changes.
+# A lone UTF-16 surrogate escape (\ud800 alone) has no UTF-8 form: no tokenizer or text encoder
+# takes the string it makes (the Rust tokenizers raise TypeError), so such a body is refused here.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class JsonLimitExceeded(ValueError):
@@ -80,9 +83,28 @@ def _bounded_number(convert):
 
 def _loads(raw: bytes, text: str) -> Any:
     try:
-        return msgspec.json.decode(raw)
+        return msgspec.json.decode(raw)  # refuses lone surrogates itself
     except msgspec.DecodeError:
-        return json.loads(text)  # what msgspec refuses, json.loads takes or refuses as before
+        return _text_only(json.loads(text))  # what msgspec refuses, json.loads takes or refuses as before
+
+
+def _text_only(data: Any) -> Any:
+    if _holds_lone_surrogate(data):
+        raise invalid_json(
+            "A string holds a lone UTF-16 surrogate escape (\\ud800 to \\udfff), which is not text."
+        )
+    return data
+
+
+def _holds_lone_surrogate(value: Any) -> bool:
+    """Whether a string of the parsed body (a key or a value, at any depth) holds a lone surrogate."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_holds_lone_surrogate(key) or _holds_lone_surrogate(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_holds_lone_surrogate(item) for item in value)
+    return False
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -97,6 +119,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
             data = _loads(raw, text)
         else:
             data = json.loads(text, parse_int=_bounded_number(int), parse_float=_bounded_number(float))
+            data = _text_only(data)
     except JsonLimitExceeded as error:
         raise invalid_json(str(error)) from None
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors

@@ -20,6 +20,10 @@ HOSTILE_BODIES = {
     "huge-int-seed": b'{"prompt": "x", "seed": ' + HUGE_INT + b"}",
     "huge-int-unknown-field": b'{"prompt": "x", "xyz": -' + HUGE_INT + b"}",
     "huge-float": b'{"prompt": "x", "guidance_scale": 1.' + HUGE_INT + b"}",
+    # no UTF-8 form: the text encoders' tokenizers raise TypeError on the string it makes
+    "lone-surrogate-prompt": b'{"prompt": "a \\ud800 7"}',
+    "lone-surrogate-key": b'{"prompt": "a 7", "\\udfff": 1}',
+    "lone-surrogate-long-number-path": b'{"prompt": "\\udc00", "p": "' + b"7" * 100 + b'"}',
 }
 ROUTES = [("image", "/v1/images/generations"), ("image", "/generate"), ("video", "/v1/videos")]
 
@@ -74,7 +78,6 @@ BODIES_JSON_LOADS_TAKES = [
     b'{"a": 1, "a": 2, "b": [true, null, -0.0, 1E+2, 18446744073709551616]}',
     b'{"s": "\\u00e9\\ud83d\\ude00 \\" \\\\ \\n", "\\u0000": {}}',
     b'{"t": NaN, "u": -Infinity}',  # refused by msgspec, taken by json.loads as before
-    b'{"s": "\\ud800"}',  # a lone surrogate
     b'{"f": 1e400, "g": 0.1000000000000000055511151231257827}',
 ]
 BODIES_BOTH_REFUSE = [
@@ -97,6 +100,13 @@ def test_every_body_means_what_json_loads_makes_of_it():
         with pytest.raises(ValueError):
             json.loads(raw.decode("utf-8"))
         with pytest.raises(ApiError, match="not valid JSON"):
+            parse_json_object(raw)
+
+
+def test_a_lone_surrogate_is_refused_and_a_surrogate_pair_is_text():
+    assert parse_json_object(b'{"s": "\\ud83d\\ude00", "t": NaN}')["s"] == "\U0001f600"
+    for raw in (b'{"s": "\\ud800"}', b'{"s": ["x", {"k": "\\ude00"}], "t": NaN}', b'{"s": "\\ud83d"}'):
+        with pytest.raises(ApiError, match="lone UTF-16 surrogate"):
             parse_json_object(raw)
 
 
