@@ -16,13 +16,6 @@ video self attention's query and key took 0.54 and 0.34 ms a block; the op's eig
 take 0.38 ms together, and the step went from 1,001 to 960 ms. On the CPU the op is its
 PyTorch definition, so the swap is checked against the eager model there. The interleaved layout
 (no such op) keeps the eager code.
-
-`kernels` also computes each feed-forward's first GEMM with its tanh GELU in cuBLASLt's epilogue
-(`torch._addmm_activation`, which inductor leaves as the aten op) instead of a GEMM and then a
-GELU pass over the [T, 4 * dim] activations (inductor's GELU kernel took 21.5 ms of the 960 ms
-step). Measured on the H200, the step went from 959.6 to 957.5 ms, much less than that kernel: the
-epilogue GEMM costs more than the plain one (a kernel profile would say by how much). On the CPU
-that op's GELU is the exact one, not LTX-2's tanh approximation, so the CPU keeps the eager code.
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ import torch
 
 from mstar.models.fusion import concat_linears
 from mstar.models.ltx2.dit import LTX2DiT
-from mstar.models.ltx2.dit_layers import Attention, GeluProj
+from mstar.models.ltx2.dit_layers import Attention
 
 
 class FusedSelfAttention(Attention):
@@ -78,20 +71,9 @@ class KernelFusedSelfAttention(_KernelNormRotary, FusedSelfAttention):
     """Fused self attention whose q/k norm and rotary are the Triton op."""
 
 
-class EpilogueGeluProj(GeluProj):
-    """gelu(x @ W.T + b, tanh) as one cuBLASLt GEMM with the GELU in its epilogue (CUDA only)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_cuda or self.proj.bias is None:
-            return super().forward(x)
-        rows = x.reshape(-1, x.shape[-1])  # [..., dim] -> [T, dim]
-        out = torch._addmm_activation(self.proj.bias, rows, self.proj.weight.t(), use_gelu=True)
-        return out.view(*x.shape[:-1], out.shape[-1])
-
-
 def optimize(dit: LTX2DiT, fuse: bool, kernels: bool) -> LTX2DiT:
-    """The same model with fused self-attention projections (`fuse`), the q/k norm + rotary op and
-    the GELU in the feed-forward GEMM's epilogue (`kernels`)."""
+    """The same model with fused self-attention projections (`fuse`) and the q/k norm + rotary op
+    (`kernels`)."""
     if kernels:
         import mstar.engine.kernels.qk_norm_rotary  # noqa: F401  registers the op
     for block in dit.transformer_blocks:
@@ -104,6 +86,4 @@ def optimize(dit: LTX2DiT, fuse: bool, kernels: bool) -> LTX2DiT:
         if kernels:
             block.audio_to_video_attn.__class__ = KernelAttention
             block.video_to_audio_attn.__class__ = KernelAttention
-            for ff in (block.ff, block.audio_ff):
-                ff.net[0].__class__ = EpilogueGeluProj
     return dit
