@@ -88,7 +88,7 @@ class AdaLayerNormSingle(nn.Module):
         return pad_rows(modulation.unflatten(1, (self.num_params, -1))), pad_rows(embedded)
 
 
-class _GeluProj(nn.Module):
+class GeluProj(nn.Module):
     def __init__(self, dim_in: int, dim_out: int, bias: bool):
         super().__init__()
         self.proj = nn.Linear(dim_in, dim_out, bias=bias)
@@ -104,7 +104,7 @@ class FeedForward(nn.Module):
         super().__init__()
         inner = dim * mult
         self.net = nn.ModuleList(
-            [_GeluProj(dim, inner, bias), nn.Dropout(0.0), nn.Linear(inner, dim, bias=bias)]
+            [GeluProj(dim, inner, bias), nn.Dropout(0.0), nn.Linear(inner, dim, bias=bias)]
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -233,3 +233,31 @@ def test_kernel_norm_rotary_swap_equals_the_eager_model(models, fuse, monkeypatc
     split = eager.config.rope_type == "split"
     # per block: video and audio self attention, a2v and v2a, each for queries and keys
     assert len(calls) == (8 * eager.config.num_layers if split else 0)
+    from mstar.models.ltx2.optimize import SigmoidGeluProj
+
+    for block in swapped.transformer_blocks:  # the feed-forwards' GELU in its sigmoid form
+        assert isinstance(block.ff.net[0], SigmoidGeluProj)
+        assert isinstance(block.audio_ff.net[0], SigmoidGeluProj)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_form_of_the_gelu_equals_the_tanh_form(dtype):
+    """x * sigmoid(2u) is gelu(x, tanh): within float32 rounding, and in bf16 the same values but
+    for a few rounding ties and the tiniest (x far below zero, where 1 + tanh u cancels)."""
+    from mstar.models.ltx2.dit_layers import GeluProj
+    from mstar.models.ltx2.optimize import SigmoidGeluProj
+
+    torch.manual_seed(0)
+    eager = GeluProj(16, 64, bias=True).to(dtype)
+    sigmoid_form = GeluProj(16, 64, bias=True).to(dtype)
+    sigmoid_form.load_state_dict(eager.state_dict())
+    sigmoid_form.__class__ = SigmoidGeluProj
+    x = (torch.randn(4096, 16) * 3).to(dtype)
+    with torch.no_grad():
+        got, want = sigmoid_form(x), eager(x)
+    assert got.dtype == want.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    else:  # a rounding tie may land either side: at most one bf16 place (2^-8 relative) apart
+        torch.testing.assert_close(got, want, rtol=2.0**-7, atol=2e-5)
+        assert (got == want).float().mean() > 0.95
