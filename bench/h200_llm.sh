@@ -8,7 +8,8 @@
 #   bash bench/h200.sh wheels llm
 # Device calls, in this order on one warm machine (carry .whl_pack each time; the first builds
 # FlashInfer's kernels, 25-95 s, into /tmp/mstar-cache/flashinfer, which later calls reuse):
-#   bash bench/h200_llm.sh llm-test     the gpu-marked KV/attention and Qwen3 parity tests   ~4 min
+#   bash bench/h200_llm.sh llm-test     the gpu-marked KV/attention and Qwen3 parity tests, and
+#                                       the ragged and prefix (Cosmos3) attention on FlashInfer  ~5 min
 #   bash bench/h200_llm.sh llm-0.6b     mstar bench llm --model qwen3-0.6b                   ~4 min
 #   bash bench/h200_llm.sh llm-8b       mstar bench llm --model qwen3-8b                     ~7 min
 # Knobs (environment): CONCURRENCY (1,8,32,128), KV_BACKEND (auto | flashinfer | fa3 | torch),
@@ -42,7 +43,8 @@ case "$phase" in
   llm-test)
     nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
     timeout 560 python3 -m pytest -q -s -p no:cacheprovider -m gpu -o addopts="" \
-      tests/engine/test_kv_gpu.py tests/models/qwen3/test_qwen3_gpu.py 2>&1 | tail -25
+      tests/engine/test_kv_gpu.py tests/models/qwen3/test_qwen3_gpu.py \
+      tests/engine/test_attention_gpu.py tests/engine/test_prefix_attention_gpu.py 2>&1 | tail -25
     ;;
   llm-0.6b) bench_llm qwen3-0.6b ;;
   llm-8b) bench_llm qwen3-8b ;;
