@@ -131,6 +131,16 @@ class LTX2Bench(DitBenchEntry):
     def ours_forward(self, model: Any, attention: Any, keep_text: bool):
         from mstar.models.ltx2.dit import DiTInput
 
+        kept: dict[int, Any] = {}  # per text tensor, its cross-attention keys and values (as served)
+
+        def text_kv(item: dict) -> Any:
+            if not (keep_text and model.keeps_text_kv):
+                return None
+            key = id(item["video_text"])
+            if key not in kept:
+                kept[key] = model.text_kv(item["video_text"], item["audio_text"])
+            return kept[key]
+
         def forward(items: list[dict]) -> list[Any]:
             inputs = [
                 DiTInput(
@@ -141,6 +151,7 @@ class LTX2Bench(DitBenchEntry):
                     item["audio_text"],
                     frame_rate=item["frame_rate"],
                     isolated=item["isolated"],
+                    text_kv=text_kv(item),
                 )  # fmt: skip
                 for item in items
             ]

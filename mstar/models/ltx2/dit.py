@@ -3,7 +3,8 @@ items: every item's video and audio tokens ride in one forward.
 
     dit = LTX2DiT(DiTConfig(...))                        # load weights with mstar.models.checkpoint
     attn = build_attention("auto", device, dtype)
-    outs = dit([DiTInput(video, audio, timestep, video_text, audio_text), ...], attn)
+    text_kv = dit.text_kv(video_text, audio_text)       # once per text: reuse it at every step
+    outs = dit([DiTInput(video, audio, timestep, video_text, audio_text, text_kv=text_kv), ...], attn)
     video_velocity, audio_velocity = outs[0]            # [C, F, H, W] and [C, L, M] per item
 
 Each item has its own size, duration, timestep, text and guidance label (cond, uncond, perturbed,
@@ -11,6 +12,12 @@ isolated: see geometry.guidance_labels); a cross-request step is all items of al
 Patchify and rotary tables are per item; the layer stack runs once over the packed tokens, with
 video self attention, audio self attention, the two text cross attentions and the audio-video
 cross attentions each a ragged pass planned once per call (dit_block's labels).
+
+The text cross attention's keys and values depend on the text alone (but with LTX-2.3's text
+modulation), so a request computes them once (`text_kv`: per layer, the caption projection, to_k,
+norm_k and to_v of one text) and passes them at every step; an item without them gets them
+computed in the forward. At the released size that is 1.2 GB a text, against about 4 TFLOP a pass
+of each step spent projecting it again.
 """
 
 from __future__ import annotations
@@ -115,9 +122,49 @@ class LTX2DiT(nn.Module):
         ordered = [items[i] for i in layout.order]
         self.plan(attention, layout)
         video, audio = self._embed_latents(ordered)
-        inputs, video_head, audio_head = self._block_inputs(ordered, layout, perturbed_blocks)
-        video_out, audio_out = self.run_layers(video, audio, inputs, video_head, audio_head, attention)
+        text_kv = self._packed_text_kv(ordered)
+        inputs, video_head, audio_head = self._block_inputs(
+            ordered, layout, perturbed_blocks, text_kv is None
+        )
+        video_out, audio_out = self.run_layers(
+            video, audio, inputs, video_head, audio_head, attention, text_kv
+        )
         return self._unpack(video_out, audio_out, layout)
+
+    @property
+    def keeps_text_kv(self) -> bool:
+        """Whether the text's cross-attention keys and values depend on the text alone, so that a
+        request can compute them once (text_kv): not with LTX-2.3's text modulation."""
+        return not self.config.prompt_modulation
+
+    def text_kv(
+        self, video_text: torch.Tensor, audio_text: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One item's texts (the connectors' outputs) -> the text cross-attention keys (normed) and
+        values of every block: video [num_layers, 2, L, Dv], audio [num_layers, 2, L, Da].
+
+        One text per call: BLAS picks its kernel by row count, so batching several items' text
+        would make an item's keys depend on its company (see AdaLayerNormSingle.rows)."""
+        if not self.keeps_text_kv:
+            raise ValueError("this LTX-2 modulates its text by the timestep: no text_kv to keep")
+        device, dtype = self.device, self.dtype
+        video, audio = video_text.to(device, dtype), audio_text.to(device, dtype)
+        if self.config.use_prompt_embeddings:
+            video, audio = self.caption_projection(video), self.audio_caption_projection(audio)
+        pairs = [block.text_key_value(video, audio) for block in self.transformer_blocks]
+        return torch.stack([v for v, _ in pairs]), torch.stack([a for _, a in pairs])
+
+    def _packed_text_kv(self, items: list[DiTInput]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Every item's text_kv (computed now where an item carries none), in packing order; None
+        where the text is modulated per step."""
+        if not self.keeps_text_kv:
+            return None
+        kvs = [item.text_kv or self.text_kv(item.video_text, item.audio_text) for item in items]
+        for (video, audio), item in zip(kvs, items, strict=True):
+            expected = (len(self.transformer_blocks), 2, item.video_text.shape[0])
+            if tuple(video.shape[:3]) != expected or tuple(audio.shape[:3]) != expected:
+                raise ValueError(f"text_kv must be [{expected[0]}, 2, {expected[2]}, D] for each stream")
+        return kvs
 
     def plan(self, attention, layout: Layout) -> None:
         video, audio, text = layout.video_counts, layout.audio_counts, layout.text_counts
@@ -130,17 +177,19 @@ class LTX2DiT(nn.Module):
             attention.plan(A2V, AttentionLayout.cross_attention(video[:num_cross], audio[:num_cross]))
             attention.plan(V2A, AttentionLayout.cross_attention(audio[:num_cross], video[:num_cross]))
 
-    def run_layers(self, video, audio, inputs: BlockInputs, video_head, audio_head, attention):
+    def run_layers(self, video, audio, inputs: BlockInputs, video_head, audio_head, attention, text_kv=None):
         """The block stack and both output heads over packed tokens: video [Tv, Dv], audio [Ta, Da]
-        -> (video patches [Tv, C*pt*p*p], audio features [Ta, C*M])."""
+        -> (video patches [Tv, C*pt*p*p], audio features [Ta, C*M]). text_kv: each item's text keys
+        and values (LTX2DiT.text_kv), packed layer by layer; None to project the text."""
         for index, block in enumerate(self.transformer_blocks):
             perturbed = index in inputs.perturbed_blocks
-            video, audio = self.run_block(block, perturbed, video, audio, inputs, attention)
+            layer_kv = None if text_kv is None else _layer_text_kv(text_kv, index)
+            video, audio = self.run_block(block, perturbed, video, audio, inputs, attention, layer_kv)
         return self.run_heads(video, audio, video_head, audio_head)
 
-    def run_block(self, block, perturbed: bool, video, audio, inputs: BlockInputs, attention):
+    def run_block(self, block, perturbed: bool, video, audio, inputs: BlockInputs, attention, text_kv=None):
         """One block (video [Tv, Dv], audio [Ta, Da] -> both after it): the part worth compiling."""
-        return block(perturbed, video, audio, inputs, attention)
+        return block(perturbed, video, audio, inputs, attention, text_kv)
 
     def run_heads(self, video, audio, video_head, audio_head):
         video = self._output_head(video, self.norm_out, self.proj_out, self.scale_shift_table, *video_head)
@@ -172,7 +221,9 @@ class LTX2DiT(nn.Module):
             video, audio = self.caption_projection(video), self.audio_caption_projection(audio)
         return video, audio
 
-    def _block_inputs(self, items: list[DiTInput], layout: Layout, perturbed_blocks: tuple[int, ...]):
+    def _block_inputs(
+        self, items: list[DiTInput], layout: Layout, perturbed_blocks: tuple[int, ...], project_text: bool
+    ):
         device, dtype, c = self.device, self.dtype, self.config
         timesteps = to_device(layout.timesteps, device)  # no host sync
         gate_timesteps = timesteps * (c.cross_attn_timestep_scale_multiplier / c.timestep_scale_multiplier)
@@ -214,7 +265,7 @@ class LTX2DiT(nn.Module):
             cross_rope=_cat_tables(audio_ropes, 2),
             value_rows=value_rows[1],
         )
-        video_text, audio_text = self._texts(items)
+        video_text, audio_text = self._texts(items) if project_text else (None, None)
         num_cross = layout.num_cross_items
         inputs = BlockInputs(
             video=video_rows,
@@ -252,6 +303,14 @@ class LTX2DiT(nn.Module):
                 unpatchify_audio(audio_parts[position], geo.audio_mel_bins),
             )
         return outputs
+
+
+def _layer_text_kv(kvs: list[tuple[torch.Tensor, torch.Tensor]], index: int) -> tuple[torch.Tensor, ...]:
+    """Layer `index` of every item's text keys and values side by side along the text tokens:
+    video [2, T_text, Dv], audio [2, T_text, Da] (a layer at a time: no copy of the whole stack)."""
+    if len(kvs) == 1:
+        return kvs[0][0][index], kvs[0][1][index]
+    return torch.cat([v[index] for v, _ in kvs], dim=1), torch.cat([a[index] for _, a in kvs], dim=1)
 
 
 def _cat_tables(tables: list[tuple[torch.Tensor, ...]], first: int) -> tuple[torch.Tensor, torch.Tensor]:

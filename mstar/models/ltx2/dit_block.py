@@ -49,8 +49,8 @@ class BlockInputs:
 
     video: StreamRows
     audio: StreamRows
-    video_text: torch.Tensor  # [T_text, Dv] (after the caption projection)
-    audio_text: torch.Tensor  # [T_text, Da]
+    video_text: torch.Tensor | None  # [T_text, Dv] (after the caption projection); None: text_kv
+    audio_text: torch.Tensor | None  # [T_text, Da]
     num_cross_video: int  # video tokens of the items that run audio-video cross attention
     num_cross_audio: int
     perturbed_blocks: frozenset[int]
@@ -108,10 +108,17 @@ class LTX2Block(nn.Module):
         self.audio_a2v_cross_attn_scale_shift_table = nn.Parameter(torch.randn(5, audio_dim))
 
     def forward(
-        self, perturbed: bool, video: torch.Tensor, audio: torch.Tensor, inputs: BlockInputs, attention
+        self,
+        perturbed: bool,
+        video: torch.Tensor,
+        audio: torch.Tensor,
+        inputs: BlockInputs,
+        attention,
+        text_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """video [Tv, Dv], audio [Ta, Da] -> both after the block; `perturbed`: this block is one
-        of the step's spatio-temporal guidance blocks."""
+        of the step's spatio-temporal guidance blocks; `text_kv`: this block's text keys and values
+        (video [2, T_text, Dv], audio [2, T_text, Da]: text_key_value), else from the text."""  # fmt: skip
         v_rows, a_rows = inputs.video, inputs.audio
         v_mod = _with_table(self.scale_shift_table, v_rows.modulation, v_rows.row_index)
         a_mod = _with_table(self.audio_scale_shift_table, a_rows.modulation, a_rows.row_index)
@@ -121,13 +128,24 @@ class LTX2Block(nn.Module):
         audio = self._self_attention(
             audio, a_mod, inputs.audio, self.audio_norm1, self.audio_attn1, AUDIO_SELF, perturbed, attention
         )
-        video = self._text_attention(video, v_mod, inputs, audio_stream=False, attention=attention)
-        audio = self._text_attention(audio, a_mod, inputs, audio_stream=True, attention=attention)
+        video_kv, audio_kv = (None, None) if text_kv is None else text_kv
+        video = self._text_attention(video, v_mod, inputs, False, attention, video_kv)
+        audio = self._text_attention(audio, a_mod, inputs, True, attention, audio_kv)
         if inputs.num_cross_video > 0:
             video, audio = self._audio_video_attention(video, audio, inputs, attention)
         video = video + self.ff(modulate(self.norm3(video), v_mod[4], v_mod[3])) * v_mod[5]
         audio = audio + self.audio_ff(modulate(self.audio_norm3(audio), a_mod[4], a_mod[3])) * a_mod[5]
         return video, audio
+
+    def text_key_value(self, video_text: torch.Tensor, audio_text: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This block's text cross-attention keys (normed) and values, video [2, T_text, Dv] and
+        audio [2, T_text, Da], from the caption-projected texts: they depend on the text alone
+        (no text modulation), so a request computes them once for all its steps."""
+        if self.text_modulation:
+            raise ValueError("text keys and values depend on the timestep with text modulation (LTX-2.3)")
+        return torch.stack(self.attn2.context_key_value(video_text)), torch.stack(
+            self.audio_attn2.context_key_value(audio_text)
+        )
 
     @staticmethod
     def _self_attention(x, mod, rows: StreamRows, norm, attn, label, perturbed, attention) -> torch.Tensor:
@@ -138,7 +156,7 @@ class LTX2Block(nn.Module):
         )
         return x + out * gate
 
-    def _text_attention(self, x, mod, inputs: BlockInputs, audio_stream: bool, attention) -> torch.Tensor:
+    def _text_attention(self, x, mod, inputs: BlockInputs, audio_stream: bool, attention, kv) -> torch.Tensor:
         if audio_stream:
             norm, attn, label, text = self.audio_norm2, self.audio_attn2, AUDIO_TEXT, inputs.audio_text
             query_modulation, rows = self.audio_query_modulation, inputs.audio
@@ -150,9 +168,12 @@ class LTX2Block(nn.Module):
         normed = norm(x)
         if query_modulation:
             normed = modulate(normed, mod[7], mod[6])
-        if table is not None:
-            text = self._modulated_text(text, table, rows)
-        out = attn(normed, attention, label, context=text)
+        if kv is not None:  # the text's keys and values, computed once for the request
+            out = attn.attend_context(normed, kv[0], kv[1], attention, label)
+        else:
+            if table is not None:
+                text = self._modulated_text(text, table, rows)
+            out = attn(normed, attention, label, context=text)
         if query_modulation:
             out = out * mod[8]
         return x + out

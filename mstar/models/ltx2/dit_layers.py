@@ -157,11 +157,23 @@ class Attention(nn.Module):
         query, key, value = self.to_q(x), self.to_k(context), self.to_v(context)
         return self.attend(x, query, key, value, attention, label, query_rope, key_rope, value_rows)
 
+    def context_key_value(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A context's keys (RMS-normed) and values [Tkv, inner], as forward makes them for a cross
+        attention without rotary: what attend_context takes."""
+        return self.norm_k(self.to_k(context)), self.to_v(context)
+
+    def attend_context(self, x, key, value, attention, label: str) -> torch.Tensor:
+        """forward(x, attention, label, context) from context_key_value(context)."""
+        return self._attend_normed(x, self.norm_q(self.to_q(x)), key, value, attention, label, None)
+
     def attend(
         self, x, query, key, value, attention, label, query_rope, key_rope, value_rows
     ) -> torch.Tensor:
         """The rest of forward from the projections (q [Tq, inner], k and v [Tkv, inner])."""
         query, key = self.norm_rotate(query, key, query_rope, key_rope)
+        return self._attend_normed(x, query, key, value, attention, label, value_rows)
+
+    def _attend_normed(self, x, query, key, value, attention, label, value_rows) -> torch.Tensor:
         heads = (self.heads, -1)
         out = attention.run(
             label, query.unflatten(-1, heads), key.unflatten(-1, heads), value.unflatten(-1, heads)

@@ -30,7 +30,9 @@ class DiTInput:
     latent frames at timestep 0 (image-to-video's conditioning frame); isolated: no audio-video
     cross attention (modality guidance); perturbed: self attention skipped in the blocks the step
     names (spatio-temporal guidance, models with perturbed attention only); use_cross_timestep:
-    the cross attention's modulation follows the other stream's timestep (LTX2Pipeline's default).
+    the cross attention's modulation follows the other stream's timestep (LTX2Pipeline's default);
+    text_kv: LTX2DiT.text_kv(video_text, audio_text), the text's cross-attention keys and values,
+    kept by the caller across steps (computed in the forward when None).
     """
 
     video_latents: torch.Tensor
@@ -43,6 +45,7 @@ class DiTInput:
     isolated: bool = False
     perturbed: bool = False
     use_cross_timestep: bool = True
+    text_kv: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,9 @@ AUDIO_LATENTS = "audio_latents"  # the loop's final audio latents [C, L, M] (req
 AUDIO = "audio"  # float32 [channels, samples] on the host: what the audio decoder leaves
 REQUEST = "ltx2"  # condition key: the request's RequestSetup
 TEXT_OF_LABEL = {COND: PROMPT_EMBEDS, UNCOND: NEGATIVE_PROMPT_EMBEDS}
+# Condition key: {text: LTX2DiT.text_kv(...)}, per text of the request (isolated and perturbed
+# passes read the prompt's), filled at its first step and dropped at finish.
+TEXT_KV = "text_kv"
 
 
 @dataclass
@@ -167,7 +170,8 @@ class LTX2Pipeline:
     @torch.inference_mode()
     def predict(self, items: list[DenoiseItem]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every item of the step (each request's labels) through one packed DiT forward:
-        (video velocity, audio velocity) per item."""
+        (video velocity, audio velocity) per item. The text cross-attention keys and values of
+        each of a request's texts are computed at its first step and kept."""
         video_dim = self.config.connectors.video_dim
         inputs = []
         for item in items:
@@ -185,9 +189,21 @@ class LTX2Pipeline:
                     num_clean_frames=setup.num_clean_frames,
                     isolated=item.label == ISOLATED,
                     perturbed=item.label == PERTURBED,
+                    text_kv=self._kept_text_kv(item, video_text, audio_text),
                 )  # fmt: skip
             )
         return self.dit(inputs, self.attention, self.stg_blocks)
+
+    def _kept_text_kv(self, item: DenoiseItem, video_text, audio_text):
+        """The item's text keys and values, once per text of the request (None where the model
+        modulates its text per step)."""
+        if not self.dit.keeps_text_kv:
+            return None
+        kept = item.condition.setdefault(TEXT_KV, {})
+        text = TEXT_OF_LABEL.get(item.label, PROMPT_EMBEDS)
+        if text not in kept:
+            kept[text] = self.dit.text_kv(video_text, audio_text)
+        return kept[text]
 
     def guide(self, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]], guidance_scale: float):
         """The labels' velocities, as they are: the rule works on x0 and needs the sample (step)."""
@@ -211,6 +227,7 @@ class LTX2Pipeline:
         """The final video latents to request.tensors["latents"], the audio's to "audio_latents"
         (requests that want their audio)."""
         video, audio = state.latents
+        state.condition.pop(TEXT_KV, None)  # now, not when the request ends (decode runs between)
         state.texts = dict.fromkeys(state.texts)
         request.tensors[LATENTS] = video
         if request.params.audio:

@@ -261,3 +261,61 @@ def test_sigmoid_form_of_the_gelu_equals_the_tanh_form(dtype):
     else:  # a rounding tie may land either side: at most one bf16 place (2^-8 relative) apart
         torch.testing.assert_close(got, want, rtol=2.0**-7, atol=2e-5)
         assert (got == want).float().mean() > 0.95
+
+
+def test_text_keys_and_values_kept_across_steps_equal_the_projected_text():
+    """text_kv of an item's texts, passed in, gives the same bytes as the forward projecting them;
+    a wrongly shaped one is refused; LTX-2.3 (text modulated per step) keeps none."""
+    import dataclasses
+
+    theirs = tiny_transformer(TINY.dit)
+    ours = LTX2DiT(TINY.dit).eval()
+    ours.load_state_dict(theirs.state_dict())
+    items = [_item(40, 2, 4, 6, 5, 700.0), _item(41, 3, 4, 4, 3, 300.0, text_len=4, isolated=True)]
+    with torch.no_grad():
+        kept = [dataclasses.replace(it, text_kv=ours.text_kv(it.video_text, it.audio_text)) for it in items]
+        video_kv, audio_kv = kept[0].text_kv
+    assert video_kv.shape[:3] == (TINY.dit.num_layers, 2, 6) and audio_kv.shape[:3] == (
+        TINY.dit.num_layers,
+        2,
+        6,
+    )
+    for (video, audio), (ref_video, ref_audio) in zip(_ours(ours, kept), _ours(ours, items), strict=True):
+        assert torch.equal(video, ref_video) and torch.equal(audio, ref_audio)
+    wrong = dataclasses.replace(items[0], text_kv=kept[1].text_kv)  # another text's length
+    with pytest.raises(ValueError, match="text_kv must be"):
+        _ours(ours, [wrong])
+    modulated = LTX2DiT(TINY_DIT_23).eval()
+    assert not modulated.keeps_text_kv
+    with pytest.raises(ValueError, match="modulates its text"):
+        modulated.text_kv(items[0].video_text, items[0].audio_text)
+
+
+def test_the_pipeline_projects_each_text_of_a_request_once():
+    """Across a guided request's steps the serving pipeline projects its prompt once (cond and the
+    isolated pass share it) and its negative prompt once, and drops both at finish."""
+    import dataclasses
+    import types
+
+    from mstar.diffusion.denoise import DenoiseState
+    from mstar.engine.attention import build_attention
+    from mstar.graph import RequestState
+    from mstar.models.ltx2.geometry import COND, ISOLATED, UNCOND
+    from mstar.models.ltx2.pipeline import TEXT_KV, LTX2Pipeline
+
+    dit = LTX2DiT(TINY.dit).eval()
+    projected = []
+    text_kv = dit.text_kv
+    dit.text_kv = lambda *texts: projected.append(1) or text_kv(*texts)
+    pipeline = LTX2Pipeline(
+        TINY, "cpu", torch.float32, dit=dit, attention=build_attention("torch", "cpu", torch.float32)
+    )
+    cond = pipeline.warmup_item(None)
+    items = [dataclasses.replace(cond, label=label) for label in (COND, UNCOND, ISOLATED)]
+    for step in range(3):
+        pipeline.predict([dataclasses.replace(item, step_index=step) for item in items])
+    assert len(projected) == 2 and len(cond.condition[TEXT_KV]) == 2
+    state = DenoiseState(cond.latents, None, 0, 1.0, {COND: cond.text}, cond.condition)
+    request = RequestState("r", params=types.SimpleNamespace(audio=False))
+    pipeline.finish(request, state)
+    assert TEXT_KV not in cond.condition

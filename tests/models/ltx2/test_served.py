@@ -140,11 +140,14 @@ def test_boot_warmup_packs_a_guided_step_with_its_isolated_item():
 
     packs = []
 
-    def recording_dit(inputs, attention, stg_blocks):
-        packs.append([item.isolated for item in inputs])
-        return [(item.video_latents, item.audio_latents) for item in inputs]
+    class RecordingDiT:
+        keeps_text_kv = False  # no text keys and values to keep
 
-    pipeline = LTX2Pipeline(TINY, "cpu", torch.float32, dit=recording_dit)
+        def __call__(self, inputs, attention, stg_blocks):
+            packs.append([item.isolated for item in inputs])
+            return [(item.video_latents, item.audio_latents) for item in inputs]
+
+    pipeline = LTX2Pipeline(TINY, "cpu", torch.float32, dit=RecordingDiT())
     DenoiseNode(pipeline, warmup_sizes=[CompileSize(width=64, height=32, num_frames=9)]).warmup()
     assert TinyLTX2Spec().labels(TinyLTX2Spec().validate(GenerationParams(prompt="p"))) == (
         geometry.COND, geometry.UNCOND, geometry.ISOLATED
