@@ -58,14 +58,16 @@ class DenoiseItem:
     condition: dict[str, Any]  # DenoiseStart.condition of the request
 
 
-def kept_per_label(item: DenoiseItem, key: str, compute: Callable[[], Any]) -> Any:
+def kept_per_label(item: DenoiseItem, key: str, compute: Callable[[], Any], text: str | None = None) -> Any:
     """A value computed at the request's first step for this item's label and kept in the request's
     condition under `key` (label -> value) for its other steps; it leaves with the request. For work
-    that depends on the text only (cross-attention keys/values, a refined caption)."""
+    that depends on the text only (cross-attention keys/values, a refined caption). `text` keeps it
+    under that name instead of the label, so labels that read the same text share one."""
     kept = item.condition.setdefault(key, {})
-    if item.label not in kept:
-        kept[item.label] = compute()
-    return kept[item.label]
+    name = item.label if text is None else text
+    if name not in kept:
+        kept[name] = compute()
+    return kept[name]
 
 
 @dataclass

@@ -151,8 +151,14 @@ class LTX2DiT(nn.Module):
         video, audio = video_text.to(device, dtype), audio_text.to(device, dtype)
         if self.config.use_prompt_embeddings:
             video, audio = self.caption_projection(video), self.audio_caption_projection(audio)
-        pairs = [block.text_key_value(video, audio) for block in self.transformer_blocks]
-        return torch.stack([v for v, _ in pairs]), torch.stack([a for _, a in pairs])
+        num_layers = len(self.transformer_blocks)
+        # Written in place: one buffer a stream instead of per-layer tensors plus a stacked copy.
+        video_kv = video.new_empty(num_layers, 2, video.shape[0], self.config.inner_dim)
+        audio_kv = audio.new_empty(num_layers, 2, audio.shape[0], self.config.audio_inner_dim)
+        for index, block in enumerate(self.transformer_blocks):
+            video_kv[index, 0], video_kv[index, 1] = block.attn2.context_key_value(video)
+            audio_kv[index, 0], audio_kv[index, 1] = block.audio_attn2.context_key_value(audio)
+        return video_kv, audio_kv
 
     def _packed_text_kv(self, items: list[DiTInput]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Every item's text_kv (computed now where an item carries none), in packing order; None

@@ -118,7 +118,7 @@ class LTX2Block(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """video [Tv, Dv], audio [Ta, Da] -> both after the block; `perturbed`: this block is one
         of the step's spatio-temporal guidance blocks; `text_kv`: this block's text keys and values
-        (video [2, T_text, Dv], audio [2, T_text, Da]: text_key_value), else from the text."""  # fmt: skip
+        (video [2, T_text, Dv], audio [2, T_text, Da]: LTX2DiT.text_kv), else from the text."""  # fmt: skip
         v_rows, a_rows = inputs.video, inputs.audio
         v_mod = _with_table(self.scale_shift_table, v_rows.modulation, v_rows.row_index)
         a_mod = _with_table(self.audio_scale_shift_table, a_rows.modulation, a_rows.row_index)
@@ -136,16 +136,6 @@ class LTX2Block(nn.Module):
         video = video + self.ff(modulate(self.norm3(video), v_mod[4], v_mod[3])) * v_mod[5]
         audio = audio + self.audio_ff(modulate(self.audio_norm3(audio), a_mod[4], a_mod[3])) * a_mod[5]
         return video, audio
-
-    def text_key_value(self, video_text: torch.Tensor, audio_text: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """This block's text cross-attention keys (normed) and values, video [2, T_text, Dv] and
-        audio [2, T_text, Da], from the caption-projected texts: they depend on the text alone
-        (no text modulation), so a request computes them once for all its steps."""
-        if self.text_modulation:
-            raise ValueError("text keys and values depend on the timestep with text modulation (LTX-2.3)")
-        return torch.stack(self.attn2.context_key_value(video_text)), torch.stack(
-            self.audio_attn2.context_key_value(audio_text)
-        )
 
     @staticmethod
     def _self_attention(x, mod, rows: StreamRows, norm, attn, label, perturbed, attention) -> torch.Tensor:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mstar.diffusion.denoise import DenoiseItem, DenoiseStart, DenoiseState
+from mstar.diffusion.denoise import DenoiseItem, DenoiseStart, DenoiseState, kept_per_label
 from mstar.diffusion.vae_nodes import INPUT_REFERENCE, LATENTS
 from mstar.graph import RequestState
 from mstar.models.ltx2 import geometry
@@ -199,11 +199,8 @@ class LTX2Pipeline:
         modulates its text per step)."""
         if not self.dit.keeps_text_kv:
             return None
-        kept = item.condition.setdefault(TEXT_KV, {})
         text = TEXT_OF_LABEL.get(item.label, PROMPT_EMBEDS)
-        if text not in kept:
-            kept[text] = self.dit.text_kv(video_text, audio_text)
-        return kept[text]
+        return kept_per_label(item, TEXT_KV, lambda: self.dit.text_kv(video_text, audio_text), text)
 
     def guide(self, outputs: dict[str, tuple[torch.Tensor, torch.Tensor]], guidance_scale: float):
         """The labels' velocities, as they are: the rule works on x0 and needs the sample (step)."""
