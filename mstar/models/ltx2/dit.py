@@ -13,7 +13,7 @@ Patchify and rotary tables are per item; the layer stack runs once over the pack
 video self attention, audio self attention, the two text cross attentions and the audio-video
 cross attentions each a ragged pass planned once per call (dit_block's labels).
 
-The text cross attention's keys and values depend on the text alone (but with LTX-2.3's text
+The text cross attention's keys and values depend on the text alone (except under LTX-2.3's text
 modulation), so a request computes them once (`text_kv`: per layer, the caption projection, to_k,
 norm_k and to_v of one text) and passes them at every step; an item without them gets them
 computed in the forward. At the released size that is 1.2 GB a text, against about 4 TFLOP a pass

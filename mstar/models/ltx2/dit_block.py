@@ -118,7 +118,7 @@ class LTX2Block(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """video [Tv, Dv], audio [Ta, Da] -> both after the block; `perturbed`: this block is one
         of the step's spatio-temporal guidance blocks; `text_kv`: this block's text keys and values
-        (video [2, T_text, Dv], audio [2, T_text, Da]: LTX2DiT.text_kv), else from the text."""  # fmt: skip
+        (video [2, T_text, Dv], audio [2, T_text, Da]: LTX2DiT.text_kv), else from the text."""
         v_rows, a_rows = inputs.video, inputs.audio
         v_mod = _with_table(self.scale_shift_table, v_rows.modulation, v_rows.row_index)
         a_mod = _with_table(self.audio_scale_shift_table, a_rows.modulation, a_rows.row_index)
