@@ -20,9 +20,10 @@ PyTorch definition, so the swap is checked against the eager model there. The in
 `kernels` also writes each feed-forward's tanh GELU as x * sigmoid(2u), u = sqrt(2/pi) (x +
 0.044715 x^3): the same function (0.5 (1 + tanh u) = sigmoid(2u)), which a GPU computes in fewer
 instructions than libdevice's tanh. Inductor's GELU kernel over the [T, 4 * dim] activations took
-21.5 ms of the 960 ms step on the H200 (448 us a call, about 300 us of it reading and writing the
-tensor): at that width the tanh, not the memory, bounds it. In float32 the two forms differ by at
-most 5e-7 (the sigmoid form is the more exact for negative x, where 1 + tanh u cancels).
+21.5 ms of the 960 ms step on the H200 (448 us a call, where reading and writing the tensor takes
+about 300 us); by an instruction count, not yet a measurement, the tanh rather than the memory
+bounds it. In float32 the two forms differ by at most 5e-7 (the sigmoid form is the more exact for
+negative x, where 1 + tanh u cancels).
 """
 
 from __future__ import annotations
