@@ -39,9 +39,9 @@
 #                                                    against diffusers eager (DIFFUSERS_MODES to change)
 #   serve ltx2                                       first against steady, c=1 p50, c=2, a new size
 #   serve ltx2-c4                                    first against steady, c=4 (one wave of 4)
-#   serve ltx2-704p | ltx2-704p-c2                   1280x704: first against steady, c=1 p50 | c=2
-#   serve ltx2-704p-c4                               1280x704, c=4: one wave of 4 (`bench serve`: no
-#                                                    cold request first, which would not leave room)
+#   serve ltx2-704p                                  1280x704: first against steady, c=1 p50
+#   serve ltx2-704p-c24                              1280x704: one wave of 2, then one of 4 (closed
+#                                                    loops, no cold request first)
 # then, where the results came back:
 #   mstar bench report bench-results/bench    (rewrites docs/benchmarks.md's tables from the JSON)
 #
@@ -232,13 +232,14 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
     ltx2-c4)
       served=ltx-2 workload=ltx2-512p-t2v compile_size=768x512x121
       suite_args=(--num-steady 1 --high-concurrency 4 --num-high 4 --num-mixed 0) ;;
-    ltx2-704p | ltx2-704p-c2)  # about 1.5 min a video by its FLOPs: c=1 and c=2 take a call each
+    ltx2-704p)  # about 1.3 min a video: first against steady and c=1 take the call
       served=ltx-2 workload=ltx2-704p-t2v compile_size=1280x704x121
-      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 0)
-      [ "$name" = ltx2-704p-c2 ] && suite_args=(--num-steady 0 --high-concurrency 2 --num-high 2 --num-mixed 0) ;;
-    ltx2-704p-c4)
+      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 0) ;;
+    ltx2-704p-c24)  # one wave of 2, then one of 4 (closed loops: no cold request first, which
+      # would not leave room)
       served=ltx-2 workload=ltx2-704p-t2v compile_size=1280x704x121
-      closed_loop=(--concurrency 4 --num-requests 4 --num-warmup 0) ;;
+      closed_loop=(--concurrency 2 --num-requests 2 --num-warmup 0)
+      after_suite=(--concurrency 4 --num-requests 4) after_s=315 ;;
     cosmos3)  # the write-ups' cell: c=1, c=4, and a size the warmup did not compile
       served=cosmos3-edge workload=cosmos3-480p-t2v compile_size=832x480x121
       suite_args=(--num-steady 3 --high-concurrency 4 --num-high 8 --num-mixed 0 --new-size 480x832
@@ -252,7 +253,7 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
     cosmos3-720p)
       served=cosmos3-edge workload=cosmos3-720p-t2v compile_size=1280x704x121
       suite_args=(--num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 0) ;;
-    *) echo "serve: wan, zimage, flux2, ltx2[-c4], ltx2-704p[-c2|-c4], cosmos3[-mixed|-720p] (or tiny, on the CPU)" >&2
+    *) echo "serve: wan, zimage, flux2, ltx2[-c4], ltx2-704p[-c24], cosmos3[-mixed|-720p] (or tiny, on the CPU)" >&2
       return 2 ;;
   esac
   if [ "$name" = tiny ]; then require fastapi uvicorn msgspec zmq; else require fastapi uvicorn msgspec zmq av $(attention_module); fi
@@ -271,7 +272,7 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
   local boot_s=$((SECONDS - started))
   echo "serve $name: ready after ${boot_s}s"
   if [ ${#closed_loop[@]} -gt 0 ]; then  # closed-loop runs only, no suite
-    guarded "serve-$name" $(($(left_s) - 15)) "$PYTHON" -m mstar.cli bench serve \
+    guarded "serve-$name" $(($(left_s) - 15 - after_s)) "$PYTHON" -m mstar.cli bench serve \
       --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" "${closed_loop[@]}" \
       -o "$out/serve-$name.json"
   else
@@ -283,7 +284,7 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
   if [ ${#after_suite[@]} -gt 0 ]; then  # after the suite, a closed loop at another concurrency
     guarded "serve-$name" $(($(left_s) - 15)) "$PYTHON" -m mstar.cli bench serve \
       --base-url http://127.0.0.1:8765 --workload "$workload" --model "$served" --num-warmup 0 \
-      "${after_suite[@]}" -o "$out/serve-$name.json"
+      "${after_suite[@]}" -o "$out/serve-$name${closed_loop:+-after}.json"
   fi
   echo "recompile warnings in the server log: $(grep -c 'recompiled in traffic' "$log")"
   grep -h "swapped in\|stays eager" "$log" | tail -4
