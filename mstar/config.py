@@ -185,6 +185,13 @@ class ServerConfig(BaseModel):
         ge=0,
         description="prompt embeddings kept on the text encoder's device for texts that come back (0: off)",
     )
+    kept_text_mb: int = Field(
+        16384,
+        ge=0,
+        description="device memory a DiT node gives what its requests keep from their text across steps "
+        "(text cross-attention keys and values: LTX-2 2.4 GB a guided request, Wan2.2 0.4 GB); past it a "
+        "request recomputes them each step until room frees (0: never kept)",
+    )
     offload_text_encoder: bool = Field(
         False,
         description="keep the text encoder's weights in host memory and stream them per prompt (Wan2.2: "

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
+from mstar.diffusion.kept import KeptText
 from mstar.graph import COND, UNCOND, Node, RequestState
 
 __all__ = ["COND", "UNCOND", "DenoiseItem", "DenoiseNode", "DenoiseStart", "DenoiseState", "cfg_combine"]
@@ -56,18 +57,25 @@ class DenoiseItem:
     step_index: int
     text: Any  # this label's conditioning (DenoiseStart.texts[label])
     condition: dict[str, Any]  # DenoiseStart.condition of the request
+    kept: KeptText | None = None  # the node's budget for text work kept across steps (None: no bound)
 
 
 def kept_per_label(item: DenoiseItem, key: str, compute: Callable[[], Any], text: str | None = None) -> Any:
     """A value computed at the request's first step for this item's label and kept in the request's
     condition under `key` (label -> value) for its other steps; it leaves with the request. For work
     that depends on the text only (cross-attention keys/values, a refined caption). `text` keeps it
-    under that name instead of the label, so labels that read the same text share one."""
+    under that name instead of the label, so labels that read the same text share one. Past the
+    node's budget (item.kept) the value is computed and not kept: the next step tries again."""
     kept = item.condition.setdefault(key, {})
     name = item.label if text is None else text
-    if name not in kept:
-        kept[name] = compute()
-    return kept[name]
+    if name in kept:
+        return kept[name]
+    value = compute()
+    if item.kept is None:
+        kept[name] = value
+    else:
+        item.kept.keep(item.request_id, value, kept, name)
+    return value
 
 
 @dataclass
@@ -138,8 +146,10 @@ class DenoiseNode(Node):
         max_batch_size: int = 8,
         max_step_cost: int | None = None,
         lora: Any = None,
+        kept: KeptText | None = None,
     ):
         self.pipeline = pipeline
+        self.kept = kept  # what requests keep from their text across steps, under one budget
         # mstar.engine.lora.serving.LoraServing when the server has adapters: the pipeline's
         # predict sets each step's rows; the node acquires, waits for and releases them.
         self.lora = lora
@@ -201,6 +211,8 @@ class DenoiseNode(Node):
             state.latents = self.pipeline.step(state, guided)
             if state.sampler.done:
                 self.pipeline.finish(request, state)
+                if self.kept is not None:
+                    self.kept.free(request.request_id)  # its text work is not read again
                 if self.lora is not None:
                     self.lora.release(request.request_id)  # its slots may go to waiting requests
 
@@ -215,12 +227,15 @@ class DenoiseNode(Node):
             step_index=index,
             text=state.texts[label],
             condition=state.condition,
+            kept=self.kept,
         )
 
     def release(self, request: RequestState) -> None:
         """Drop the request's loop state; a pipeline holding resources per request (pages of a KV
         pool) gets them back through its `release(state)`, on finish, failure and cancel alike."""
         state = request.state.pop(self.name, None)
+        if self.kept is not None:
+            self.kept.free(request.request_id)
         if self.lora is not None:
             self.lora.release(request.request_id)
         release = getattr(self.pipeline, "release", None)
@@ -229,7 +244,10 @@ class DenoiseNode(Node):
 
     def event_counts(self) -> dict[str, int]:
         counts = getattr(self.pipeline, "event_counts", None)
-        return {} if counts is None else counts()
+        events = {} if counts is None else dict(counts())
+        if self.kept is not None:
+            events["kept_text_refused"] = self.kept.num_refused
+        return events
 
     def gauges(self) -> dict[str, float]:
         gauges = getattr(self.pipeline, "gauges", None)

@@ -105,6 +105,7 @@ def build_dit_node(
     (its LoraKeyRules) give the DiT per-request adapters when the server has a lora_dir; the
     pipeline reads them as `pipeline.lora` (None without)."""
     from mstar.diffusion.denoise import DenoiseNode
+    from mstar.diffusion.kept import KeptText
     from mstar.engine.compile import effective_mode
     from mstar.engine.resources import build_engine_resources
 
@@ -131,4 +132,5 @@ def build_dit_node(
         max_batch_size=max_batch_size or server.max_batch_size,
         max_step_cost=server.max_tokens_per_step,
         lora=lora,
+        kept=KeptText(server.kept_text_mb * 1024 * 1024),
     )
