@@ -58,7 +58,8 @@
 # and our server are never needed in the same phase, so `baseline` and `serve` take separate packs.
 #
 # Knobs (environment): CALL_BUDGET_S, DIFFUSERS_MODES (`step`), ATTENTION_BACKEND (fa3; flashinfer
-# or torch elsewhere than Hopper), PYTHON (python3), OUT, WHEEL_PYTHON.
+# or torch elsewhere than Hopper), LORA_PROFILE (`lora`: 1 profiles both steps), PYTHON (python3),
+# OUT, WHEEL_PYTHON.
 set -uo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -297,8 +298,9 @@ lora() {  # lora wan2.2|z-image|flux2-klein: four requests with four adapters: d
   require diffusers peft $(attention_module)
   start_budget
   guarded "lora-diffusers-$1" 200 "$PYTHON" -u -m mstar.bench.lora_diffusers --family "$1"
-  guarded "lora-step-$1" "$(left_s)" "$PYTHON" -u -m mstar.bench.lora_step --family "$1"  # the server's paths
-  cat "$out/lora-diffusers-$1.out" "$out/lora-step-$1.out" | grep -E " ms|torch " || true
+  guarded "lora-step-$1" "$(left_s)" "$PYTHON" -u -m mstar.bench.lora_step --family "$1" \
+    ${LORA_PROFILE:+--profile}  # the server's paths; LORA_PROFILE=1: where the extra time goes
+  cat "$out/lora-diffusers-$1.out" "$out/lora-step-$1.out" | grep -E " ms|torch |launches" || true
 }
 
 case "$phase" in

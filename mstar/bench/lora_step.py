@@ -14,6 +14,10 @@ Linear (mstar.engine.lora.paths): "activation" is grouped for every Linear but t
 applies the expand inside its activation (Wan's FFN in, Z-Image's w1/w3, on the kernels path),
 which is how the server runs them; "grouped" puts those back on the grouped path (the delta written,
 then added by the consumer). Without `--paths`: each Linear's own path, as the server picks it.
+
+`--profile` also runs both steps under torch.profiler and prints where the LoRA step's extra time
+goes: ms a step by kernel kind with and without adapters, the idle time (the step's wall time less
+its kernels), and the kernels whose time grew most (by name, launches a step).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from mstar.engine.timing import device_ms
 
 RANK, NUM_REQUESTS = 32, 4
 LOAD_TIMEOUT_S = 600
+NUM_PROFILED, NUM_TOP_GROWN = 3, 15
 
 
 @dataclass
@@ -169,7 +174,46 @@ def _load(lora, folder: str, names: list[str], family: str) -> None:
           f"{min(load_ms):.0f}-{max(load_ms):.0f} ms (read, convert, pack; off the step loop)", flush=True)  # fmt: skip
 
 
-def bench_family(name: str, tiny: bool, device: str, repeats: int = 10, paths: Sequence[str] = ()) -> None:
+def print_profile(label: str, with_lora: Callable[[], Any], without: Callable[[], Any], device: str) -> None:
+    """Where the LoRA step's extra device time goes, from NUM_PROFILED steps of each under the profiler."""
+    from collections import defaultdict
+
+    from mstar.bench.profile import kernel_events, summarize_kernels
+
+    summaries, totals = [], []
+    for fn in (without, with_lora):
+        events = kernel_events(fn, NUM_PROFILED, device)
+        summaries.append(summarize_kernels(events, NUM_PROFILED))
+        per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for kernel, duration_us in events:
+            per_name[kernel][0] += duration_us / 1000 / NUM_PROFILED
+            per_name[kernel][1] += 1 / NUM_PROFILED
+        totals.append(per_name)
+    kinds = sorted(set(summaries[0]["by_kind_ms"]) | set(summaries[1]["by_kind_ms"]))
+    by_kind = ", ".join(
+        f"{kind} {summaries[0]['by_kind_ms'].get(kind, 0):.1f} -> {summaries[1]['by_kind_ms'].get(kind, 0):.1f}"
+        for kind in kinds
+    )
+    base_kernels, lora_kernels = (summary["kernel_ms_per_step"] for summary in summaries)
+    print(
+        f"{label}: kernel ms a step without -> with LoRA: {base_kernels:.1f} -> {lora_kernels:.1f} ({by_kind})"
+    )
+    wall = [device_ms(fn, device, NUM_PROFILED) for fn in (without, with_lora)]
+    print(
+        f"{label}: idle ms a step (wall less kernels): {wall[0] - base_kernels:.1f} -> {wall[1] - lora_kernels:.1f}"
+    )
+    grown = sorted(totals[1], key=lambda kernel: totals[0].get(kernel, (0.0, 0.0))[0] - totals[1][kernel][0])
+    for kernel in grown[:NUM_TOP_GROWN]:
+        before = totals[0].get(kernel, (0.0, 0.0))
+        after = totals[1][kernel]
+        print(
+            f"  +{after[0] - before[0]:.2f} ms ({before[1]:.0f} -> {after[1]:.0f} launches): {kernel[:140]}"
+        )
+
+
+def bench_family(
+    name: str, tiny: bool, device: str, repeats: int = 10, paths: Sequence[str] = (), profile: bool = False
+) -> None:
     """`paths`: the LoRA paths to time in turn on the same DiT (each recompiles the stack once,
     in the warmup calls); empty: the rule's choice per Linear, as the server runs it."""
     from mstar.engine.attention import build_attention
@@ -208,6 +252,11 @@ def bench_family(name: str, tiny: bool, device: str, repeats: int = 10, paths: S
                       f"LoRA, {ours:.1f} ms with {NUM_REQUESTS} different rank-{RANK} adapters"
                       f"{f' ({path} path)' if path else ''} (+{100 * (ours / base - 1):.1f}%; goal <= 10%)",
                       flush=True)  # fmt: skip
+                if profile:
+                    label = f"{name}{f' ({path} path)' if path else ''}"
+                    print_profile(
+                        label, lambda: pipeline.predict(with_lora), lambda: pipeline.predict(without), device
+                    )
         lora.close()
 
 
@@ -217,6 +266,7 @@ def main() -> None:
     parser.add_argument("--family", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
     parser.add_argument("--paths", type=lambda text: text.split(","), default=[],
                         help="LoRA paths to time in turn, e.g. grouped,activation (default: each Linear's own)")  # fmt: skip
+    parser.add_argument("--profile", action="store_true", help="where the extra time goes (torch.profiler)")
     args = parser.parse_args()
     if unknown := set(args.paths) - set(PATHS):
         parser.error(f"--paths: unknown {sorted(unknown)}; choose from {PATHS}")
@@ -226,7 +276,7 @@ def main() -> None:
     if not args.tiny:
         print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     for name in args.family:
-        bench_family(name, args.tiny, device, paths=args.paths)
+        bench_family(name, args.tiny, device, paths=args.paths, profile=args.profile)
         torch._dynamo.reset()  # the next family's graphs; this one's DiT can go
         if device == "cuda":
             torch.cuda.empty_cache()

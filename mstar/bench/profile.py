@@ -63,7 +63,8 @@ def summarize_kernels(events: list[tuple[str, float]], num_steps: int) -> dict[s
     }
 
 
-def _profile(fn, num_steps: int, device: str) -> list[tuple[str, float]]:
+def kernel_events(fn, num_steps: int, device: str) -> list[tuple[str, float]]:
+    """(kernel name, device us) of every launch in `num_steps` calls of fn, under torch.profiler."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -163,7 +164,7 @@ def profile_family(
 
         try:
             timing = time_forward(step, num_warmup=3, num_timed=num_timed, device=device)
-            summary = summarize_kernels(_profile(step, num_profiled, device), num_profiled)
+            summary = summarize_kernels(kernel_events(step, num_profiled, device), num_profiled)
             if num_host_profiled:
                 sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
                 summary["host_cpu"] = host_cpu_split(step, max(num_host_profiled, 5), sync)

@@ -29,9 +29,9 @@ NUM_TOP_KERNELS = 12
 def _kernel_summary(fn, num_profiled: int) -> dict[str, Any]:
     """summarize_kernels with cuDNN's convolutions (implicit GEMMs, in the "gemm" kind) also
     counted apart."""
-    from mstar.bench.profile import _profile, summarize_kernels
+    from mstar.bench.profile import kernel_events, summarize_kernels
 
-    events = _profile(fn, num_profiled, "cuda")
+    events = kernel_events(fn, num_profiled, "cuda")
     summary = summarize_kernels(events, num_profiled)
     conv_us = sum(us for name, us in events if is_convolution_kernel(name))
     summary["by_kind_ms"]["convolutions (within gemm)"] = conv_us / 1000 / num_profiled
