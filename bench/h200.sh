@@ -25,7 +25,7 @@
 #   serve cosmos3-mixed               a fresh server (both sizes compiled at boot): 832x480
 #                                     and 480x832 interleaved at c=4 (p99/p50, recompiles),
 #                                     then c=2 closed loop                                  ~7 min
-#   serve cosmos3-720p                1280x704x121: cold vs steady, c=1, c=2                ~7 min
+#   serve cosmos3-720p                1280x704x121: cold vs steady, c=1, c=2, c=4           ~7 min
 #   parity cosmos3                    cosmos3-edge t2v (1 and 20 steps) then cosmos3-nano
 #                                     t2v (1 and 2 steps), each with its generation-pathway
 #                                     rows held to 2e-2 (exit 1 when over)                  ~7 min
@@ -251,9 +251,10 @@ serve() {  # serve wan|zimage: our server with random weights, one size compiled
       suite_name=cosmos3-480p-mixed  # its own name (results pick the steady figures by workload)
       suite_args=(--kind video --steps 20 --guidance-scale 6.0 --extra-body '{"num_frames": 121}'
         --sizes 832x480,480x832 --num-steady 0 --high-concurrency 4 --num-high 0 --num-mixed 8) ;;
-    cosmos3-720p)
+    cosmos3-720p)  # about 16 s a video by its FLOPs: cold, c=1 and c=2 in the suite, then one wave of 4
       served=cosmos3-edge workload=cosmos3-720p-t2v compile_size=1280x704x121
-      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 2 --num-mixed 0) ;;
+      after_suite=(--concurrency 4 --num-requests 4) after_s=100
+      suite_args=(--num-steady 2 --high-concurrency 2 --num-high 4 --num-mixed 0) ;;
     *) echo "serve: wan, zimage, flux2, ltx2[-c4], ltx2-704p[-c24], cosmos3[-mixed|-720p] (or tiny, on the CPU)" >&2
       return 2 ;;
   esac
