@@ -13,8 +13,10 @@ from mstar.graph import BuildContext, RequestState
 from mstar.models.ltx2.pipeline import AUDIO_LATENTS
 
 
-def build_nodes(spec, model_path: str | None = None, names: tuple[str, ...] | None = None):
-    server = ServerConfig(compile_mode="off", warmup=False, random_weights=model_path is None)
+def build_nodes(spec, model_path: str | None = None, names: tuple[str, ...] | None = None, **server_fields):
+    server = ServerConfig(
+        compile_mode="off", warmup=False, random_weights=model_path is None, **server_fields
+    )
     ctx = BuildContext(
         server, "cpu", names or spec.node_names, model_path=model_path, random_weights=model_path is None
     )

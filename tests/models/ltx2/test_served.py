@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from mstar.config import ServerConfig
 from mstar.errors import InvalidParam
 from mstar.graph import GenerationParams
 from mstar.models.ltx2 import geometry
@@ -102,6 +103,29 @@ def test_a_request_packed_with_others_is_byte_identical_to_alone():
     for mine, theirs in zip(final_latents(alone), final_latents(packed), strict=True):
         assert torch.equal(mine, theirs)
     assert not torch.equal(final_latents(others[1])[0][:, :1], final_latents(alone)[0][:, :1])
+
+
+def test_text_keys_and_values_past_the_kept_budget_give_the_same_bytes():
+    """kept_text_mb=0: every step projects the texts again (none kept) and gives the latents the
+    default budget gives, where each text is projected once and kept."""
+    spec = TinyLTX2Spec()
+    runs = []
+    for kept_text_mb in (ServerConfig().kept_text_mb, 0):
+        nodes = build_nodes(spec, names=("text_encoder", "dit"), kept_text_mb=kept_text_mb)
+        requests = [
+            new_request(spec, "a", **_fields(width=64, height=32, num_frames=9, seed=1)),
+            new_request(
+                spec, "b", **_fields(width=32, height=32, num_frames=5, seed=2, prompt="the dog sings")
+            ),
+        ]
+        denoise(nodes, requests)
+        kept = nodes["dit"].kept
+        runs.append(([final_latents(request) for request in requests], kept.num_refused, kept.num_bytes))
+    (kept_latents, kept_refused, kept_left), (none_latents, none_refused, none_left) = runs
+    assert kept_refused == 0 and none_refused > 0 and kept_left == none_left == 0
+    for mine, theirs in zip(kept_latents, none_latents, strict=True):
+        for stream, other in zip(mine, theirs, strict=True):
+            assert torch.equal(stream, other)
 
 
 def test_limits_and_validation_name_the_field():
