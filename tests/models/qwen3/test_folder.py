@@ -58,7 +58,16 @@ def _transformers_greedy(folder: Path, prompt_ids: list[int]) -> tuple[list[int]
     return out.sequences[0, len(prompt_ids) :].tolist(), min(gaps)
 
 
-def test_a_transformers_folder_serves_transformers_greedy_tokens(folder):
+@pytest.fixture
+def one_thread_while_it_runs():
+    """The node's build sets torch to one thread, as a worker does; the rest of the run gets back
+    its thread count."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_transformers_folder_serves_transformers_greedy_tokens(folder, one_thread_while_it_runs):
     import transformers
 
     server = ServerConfig(model="qwen3", model_path=str(folder), compile_mode="off", kv_pool_pages=64)
