@@ -6,8 +6,9 @@
    O output tokens (EOS ignored), greedy: output tokens/s, TTFT p50/p99, TPOT p50.
 3. Prefix cache: TTFT of a request with a fresh S-token system prompt (a miss) and of the next one
    sharing it (a hit).
-4. The c=1 decode floor: the bytes one decode step must read (every weight once, and the KV of the
-   average context) over the device's copy bandwidth (4.3 TB/s on the H200).
+4. The c=1 decode floor: the bytes one decode step must read (every weight once, but one row of an
+   untied input embedding, and the KV of the average context) over the device's copy bandwidth
+   (4.3 TB/s on the H200).
 5. Shuts the server down, then transformers' Qwen3ForCausalLM `generate` on the same weights at the
    same batch sizes (skip with --skip-baseline).
 """
@@ -106,8 +107,9 @@ def _announced_url(server: subprocess.Popen) -> str:
 
 
 def decode_floor(config: Any, context_tokens: int, copy_bytes_per_s: float) -> dict[str, float]:
-    """The c=1 decode step's memory floor: bf16 weights once plus the KV of `context_tokens`."""
-    weight_bytes = config.num_parameters() * 2
+    """The c=1 decode step's memory floor: the bf16 weights a token reads (each once; one row of
+    an untied input embedding) plus the KV of `context_tokens`."""
+    weight_bytes = config.num_parameters_read_per_token() * 2
     kv_bytes = (
         2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2 * context_tokens
     )

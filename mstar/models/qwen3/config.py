@@ -76,6 +76,13 @@ class Qwen3Config:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * (attention + mlp + norms) + embeddings + self.hidden_size
 
+    def num_parameters_read_per_token(self) -> int:
+        """Weights one decode step reads: all but the input embedding table, of which it reads one
+        row a token (tied, that table is the lm_head's, which reads it whole)."""
+        if self.tie_word_embeddings:
+            return self.num_parameters()
+        return self.num_parameters() - (self.vocab_size - 1) * self.hidden_size
+
 
 def _released(hidden: int, intermediate: int, layers: int, heads: int, tie: bool) -> Qwen3Config:
     return Qwen3Config(
