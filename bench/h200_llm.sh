@@ -12,12 +12,13 @@
 #                                       the ragged and prefix (Cosmos3) attention on FlashInfer  ~5 min
 #   bash bench/h200_llm.sh llm-0.6b     mstar bench llm --model qwen3-0.6b                   ~4 min
 #   bash bench/h200_llm.sh llm-8b       mstar bench llm --model qwen3-8b                     ~7 min
+#   bash bench/h200_llm.sh llm-profile  Qwen3-8B's c=1 decode step: its kernels and host parts  ~3 min
 # Knobs (environment): CONCURRENCY (1,8,32,128), KV_BACKEND (auto | flashinfer | fa3 | torch),
 # EXTRA (more `mstar bench llm` flags, e.g. "--no-cuda-graphs --skip-baseline"),
 # MSTAR_LOG_LEVEL=DEBUG (the server logs each text request's stages; the prefix-cache phase's print).
 set -uo pipefail
 
-phase="${1:?usage: bash bench/h200_llm.sh llm-test|llm-0.6b|llm-8b}"
+phase="${1:?usage: bash bench/h200_llm.sh llm-test|llm-0.6b|llm-8b|llm-profile}"
 out="${OUT:-$PWD/bench-results}/bench"
 mkdir -p "$out"
 source "$(dirname "$0")/lib.sh"  # unpack_wheels, guarded, ready, stop_server
@@ -45,6 +46,10 @@ case "$phase" in
     timeout 560 python3 -m pytest -q -s -p no:cacheprovider -m gpu -o addopts="" \
       tests/engine/test_kv_gpu.py tests/models/qwen3/test_qwen3_gpu.py \
       tests/engine/test_attention_gpu.py tests/engine/test_prefix_attention_gpu.py 2>&1 | tail -25
+    ;;
+  llm-profile)  # where a Qwen3-8B c=1 decode step's device and host time go (its top kernels)
+    timeout 560 python3 -m mstar.bench.llm_step_profile --model qwen3-8b --rows 1 --num-steps 50 \
+      -o "$out/llm-step-profile-8b.json" 2>&1 | tail -60
     ;;
   llm-0.6b) bench_llm qwen3-0.6b ;;
   llm-8b) bench_llm qwen3-8b ;;
