@@ -185,7 +185,9 @@ def _diffusers_parser(sub: Any) -> None:
         default=["wan-480p-t2v", "zimage-1024"],
         help=f"from {list(e2e_workloads)}",
     )
-    parser.add_argument("--modes", type=_str_list, default=["eager", "compiled"])
+    parser.add_argument(
+        "--modes", type=_str_list, default=["eager", "compiled"], help="eager, compiled, regional"
+    )
     parser.add_argument("--num-warmup", type=int, default=1)
     parser.add_argument("--num-timed", type=int, default=3)
     parser.add_argument(

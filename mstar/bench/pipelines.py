@@ -5,6 +5,9 @@ as our serving benchmark's workloads.
 Text encoders are timed apart: seeded prompt embeddings are passed in,
 so both sides time the DiT loop, the VAE decode and post-processing. Each workload runs eager and
 then with the transformer under torch.compile (first call reported apart), sequentially at c=1.
+Mode "regional" is diffusers' regional compile instead (`compile_repeated_blocks`: the model's
+repeated block compiled once and reused), for transformers whose whole-model compile runs longer
+than a benchmark call (LTX-2's 48 unrolled blocks).
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def bench_pipeline_mode(
     on_cuda = options.device.startswith("cuda")
     if mode == "compiled":
         pipe.transformer.compile()
+    elif mode == "regional":  # diffusers' regional compile: its repeated block compiled once, reused
+        pipe.transformer.compile_repeated_blocks()
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
     dtype = pipe.transformer.dtype
@@ -102,9 +107,14 @@ def bench_pipeline_mode(
     }
 
 
+PIPELINE_MODES = ("eager", "compiled", "regional")
+
+
 def run_pipeline_benchmark(options: PipelineOptions) -> dict[str, Any]:
     import torch
 
+    if unknown := [mode for mode in options.modes if mode not in PIPELINE_MODES]:
+        raise ValueError(f"pipeline modes: unknown {unknown}; choose from {list(PIPELINE_MODES)}")
     results = []
     for name in options.workloads:
         entry, workload = e2e_workloads()[name]

@@ -232,3 +232,21 @@ def test_baseline_pipeline_dit_runs_in_the_requested_dtype(workload):
     keep = tuple(transformer._keep_in_fp32_modules or ())
     dtypes = {name: p.dtype for name, p in transformer.named_parameters()}
     assert {d for n, d in dtypes.items() if not any(k in n for k in keep)} == {torch.bfloat16}
+
+
+def test_regional_mode_compiles_each_repeated_block_once_and_unknown_modes_fail(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    import torch
+
+    compiled: list[str] = []
+    monkeypatch.setattr(
+        torch.nn.Module, "compile", lambda self, *args, **kwargs: compiled.append(type(self).__name__)
+    )
+    output = tmp_path / "regional.json"
+    argv = ["diffusers", "--workloads", "tiny-ltx2-t2v", "--device", "cpu", "--modes", "regional"]
+    assert main([*argv, "--num-warmup", "1", "--num-timed", "1", "--steps", "1", "-o", str(output)]) == 0
+    (run,) = json.loads(output.read_text())["results"]
+    assert run["mode"] == "regional" and len(run["latencies_s"]) == 1
+    assert compiled and set(compiled) == {"LTX2VideoTransformerBlock"}  # the blocks, not the whole model
+    with pytest.raises(ValueError, match="unknown \\['bogus'\\]"):
+        main(["diffusers", "--workloads", "tiny-ltx2-t2v", "--device", "cpu", "--modes", "eager,bogus"])
