@@ -57,24 +57,25 @@ class DenoiseItem:
     step_index: int
     text: Any  # this label's conditioning (DenoiseStart.texts[label])
     condition: dict[str, Any]  # DenoiseStart.condition of the request
-    kept: KeptText | None = None  # the node's budget for text work kept across steps (None: no bound)
+    kept: KeptText | None = None  # the node's budget for text work kept across steps (None: no node)
 
 
 def kept_per_label(item: DenoiseItem, key: str, compute: Callable[[], Any], text: str | None = None) -> Any:
     """A value computed at the request's first step for this item's label and kept in the request's
-    condition under `key` (label -> value) for its other steps; it leaves with the request. For work
+    condition under `key` (label -> value) for its other steps; the node drops it at the request's
+    last step, or when the request leaves the loop before it. For work
     that depends on the text only (cross-attention keys/values, a refined caption). `text` keeps it
     under that name instead of the label, so labels that read the same text share one. Past the
     node's budget (item.kept) the value is computed and not kept: the next step tries again."""
-    kept = item.condition.setdefault(key, {})
     name = item.label if text is None else text
+    kept = item.condition.get(key, {})
     if name in kept:
         return kept[name]
     value = compute()
-    if item.kept is None:
-        kept[name] = value
+    if item.kept is None:  # an item built outside a node (a warmup item): kept while it lives
+        item.condition.setdefault(key, {})[name] = value
     else:
-        item.kept.keep(item.request_id, value, kept, name)
+        item.kept.keep(item.request_id, value, item.condition, key, name)
     return value
 
 
@@ -149,7 +150,8 @@ class DenoiseNode(Node):
         kept: KeptText | None = None,
     ):
         self.pipeline = pipeline
-        self.kept = kept  # what requests keep from their text across steps, under one budget
+        # what requests keep from their text across steps, under one budget (None: no bound)
+        self.kept = kept if kept is not None else KeptText(None)
         # mstar.engine.lora.serving.LoraServing when the server has adapters: the pipeline's
         # predict sets each step's rows; the node acquires, waits for and releases them.
         self.lora = lora
@@ -211,8 +213,7 @@ class DenoiseNode(Node):
             state.latents = self.pipeline.step(state, guided)
             if state.sampler.done:
                 self.pipeline.finish(request, state)
-                if self.kept is not None:
-                    self.kept.free(request.request_id)  # its text work is not read again
+                self.kept.free(request.request_id)  # its text work is not read again
                 if self.lora is not None:
                     self.lora.release(request.request_id)  # its slots may go to waiting requests
 
@@ -234,8 +235,7 @@ class DenoiseNode(Node):
         """Drop the request's loop state; a pipeline holding resources per request (pages of a KV
         pool) gets them back through its `release(state)`, on finish, failure and cancel alike."""
         state = request.state.pop(self.name, None)
-        if self.kept is not None:
-            self.kept.free(request.request_id)
+        self.kept.free(request.request_id)
         if self.lora is not None:
             self.lora.release(request.request_id)
         release = getattr(self.pipeline, "release", None)
@@ -245,8 +245,7 @@ class DenoiseNode(Node):
     def event_counts(self) -> dict[str, int]:
         counts = getattr(self.pipeline, "event_counts", None)
         events = {} if counts is None else dict(counts())
-        if self.kept is not None:
-            events["kept_text_refused"] = self.kept.num_refused
+        events["kept_text_refused"] = self.kept.num_refused
         return events
 
     def gauges(self) -> dict[str, float]:

@@ -48,7 +48,7 @@ AUDIO = "audio"  # float32 [channels, samples] on the host: what the audio decod
 REQUEST = "ltx2"  # condition key: the request's RequestSetup
 TEXT_OF_LABEL = {COND: PROMPT_EMBEDS, UNCOND: NEGATIVE_PROMPT_EMBEDS}
 # Condition key: {text: LTX2DiT.text_kv(...)}, per text of the request (isolated and perturbed
-# passes read the prompt's), filled at its first step and dropped at finish.
+# passes read the prompt's), filled at its first step; the node drops it at the last.
 TEXT_KV = "text_kv"
 
 
@@ -224,7 +224,6 @@ class LTX2Pipeline:
         """The final video latents to request.tensors["latents"], the audio's to "audio_latents"
         (requests that want their audio)."""
         video, audio = state.latents
-        state.condition.pop(TEXT_KV, None)  # now, not when the request ends (decode runs between)
         state.texts = dict.fromkeys(state.texts)
         request.tensors[LATENTS] = video
         if request.params.audio:

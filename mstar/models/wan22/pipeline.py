@@ -40,7 +40,7 @@ from mstar.models.wan22.vae import denormalize_latents, normalize_latents
 IMAGE_LATENTS = "image_latents"  # normalised VAE latents of the input image [z, 1, h, w]
 FIRST_FRAME = "first_frame"  # condition key: the image's latents, float32 on the DiT's device
 # Condition key: {label: WanDiT.text_kv(text)} [num_layers, 2, L, dim], filled at the request's first
-# step and reused by the others (~189 MB per label for the 5B in bf16); dropped when the loop ends.
+# step and reused by the others (~189 MB per label for the 5B in bf16); the node drops it at the last.
 TEXT_KV = "text_kv"
 TEXT_OF_LABEL = {COND: PROMPT_EMBEDS, UNCOND: NEGATIVE_PROMPT_EMBEDS}
 
@@ -178,9 +178,8 @@ class WanPipeline:
 
     def finish(self, request: RequestState, state: DenoiseState) -> None:
         """The final latents (the first frame put back) go to request.tensors["latents"]. The text
-        keys and values leave now, not when the whole request ends (decode runs in between); on
-        abort or failure the node's release drops the state, condition included."""
-        state.condition.pop(TEXT_KV, None)
+        keys and values leave with this step too: the node frees what the request kept (decode
+        runs before the request ends)."""
         state.texts = dict.fromkeys(state.texts)
         latents = state.latents
         first_frame = state.condition.get(FIRST_FRAME)

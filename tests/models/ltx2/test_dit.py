@@ -293,29 +293,38 @@ def test_text_keys_and_values_kept_across_steps_equal_the_projected_text():
 
 def test_the_pipeline_projects_each_text_of_a_request_once():
     """Across a guided request's steps the serving pipeline projects its prompt once (cond and the
-    isolated pass share it) and its negative prompt once, and drops both at finish."""
-    import dataclasses
-    import types
+    isolated pass share it) and its negative prompt once, and the node drops both at its last step."""
+    import msgspec
 
-    from mstar.diffusion.denoise import DenoiseState
-    from mstar.engine.attention import build_attention
-    from mstar.graph import RequestState
+    from mstar.graph import GenerationParams
     from mstar.models.ltx2.geometry import COND, ISOLATED, UNCOND
-    from mstar.models.ltx2.pipeline import TEXT_KV, LTX2Pipeline
+    from mstar.models.ltx2.pipeline import TEXT_KV
+    from tests.models.ltx2.served import build_nodes, new_request
+    from tests.models.ltx2.tiny_spec import TinyLTX2Spec
 
-    dit = LTX2DiT(TINY.dit).eval()
+    spec = TinyLTX2Spec()
+    nodes = build_nodes(spec, names=("text_encoder", "dit"))
+    dit_node = nodes["dit"]
+    dit = dit_node.pipeline.dit
     projected = []
     text_kv = dit.text_kv
     dit.text_kv = lambda *texts: projected.append(1) or text_kv(*texts)
-    pipeline = LTX2Pipeline(
-        TINY, "cpu", torch.float32, dit=dit, attention=build_attention("torch", "cpu", torch.float32)
-    )
-    cond = pipeline.warmup_item(None)
-    items = [dataclasses.replace(cond, label=label) for label in (COND, UNCOND, ISOLATED)]
-    for step in range(3):
-        pipeline.predict([dataclasses.replace(item, step_index=step) for item in items])
-    assert len(projected) == 2 and len(cond.condition[TEXT_KV]) == 2
-    state = DenoiseState(cond.latents, None, 0, 1.0, {COND: cond.text}, cond.condition)
-    request = RequestState("r", params=types.SimpleNamespace(audio=False))
-    pipeline.finish(request, state)
-    assert TEXT_KV not in cond.condition
+    params = spec.validate(GenerationParams(prompt="a robot", negative_prompt="the cat", seed=3))
+    fields = {
+        **msgspec.structs.asdict(params),
+        "width": 32,
+        "height": 32,
+        "num_frames": 5,
+        "num_inference_steps": 3,
+    }
+    request = new_request(spec, "r", **fields)
+    nodes["text_encoder"].forward([request])
+    dit_node.prepare(request)
+    assert set(spec.labels(request.params)) >= {COND, UNCOND, ISOLATED}
+    condition = request.state[dit_node.name].condition
+    for _ in range(2):
+        dit_node.forward([request])
+    assert len(projected) == 2 and len(condition[TEXT_KV]) == 2
+    dit_node.forward([request])  # the last step
+    assert dit_node.check_stop(request) and len(projected) == 2
+    assert TEXT_KV not in condition

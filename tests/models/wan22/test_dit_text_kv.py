@@ -141,8 +141,13 @@ def _denoise(node: DenoiseNode, requests: list[RequestState]) -> list[dict]:
     conditions = []
     while not all(node.check_stop(request) for request in requests):
         node.forward([request for request in requests if not node.check_stop(request)])
-        conditions = conditions or [dict(request.state[node.name].condition) for request in requests]
+        conditions = conditions or [_snapshot(request.state[node.name].condition) for request in requests]
     return conditions
+
+
+def _snapshot(condition: dict) -> dict:
+    """The condition and the dicts in it, copied (the node empties the kept ones in place)."""
+    return {key: dict(value) if isinstance(value, dict) else value for key, value in condition.items()}
 
 
 def test_denoiser_caches_text_kv_per_request_and_label(dit):
